@@ -1,0 +1,62 @@
+// Cluster specs: devices, links and collective algorithm of a training cluster.
+// Built-in presets and files (YAML or JSON). Values and sources: docs/cost-model.md.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "concerto/util/status.h"
+
+namespace concerto {
+
+struct DeviceSpec {
+  std::string name;
+  double peak_tflops_bf16 = 0;  // dense, per device
+  double peak_tflops_fp16 = 0;
+  double peak_tflops_fp32 = 0;
+  double memory_bandwidth_gbps = 0;  // GB/s (1e9 bytes/s)
+  double memory_gb = 0;
+  double matmul_efficiency = 0.8;   // achieved fraction of peak on large GEMMs
+  double vector_efficiency = 0.5;   // achieved fraction of peak on non-matmul flops
+  double memory_efficiency = 0.85;  // achieved fraction of memory bandwidth
+  double launch_overhead_us = 5;    // per kernel
+
+  bool operator==(const DeviceSpec&) const = default;
+};
+
+struct LinkSpec {
+  double bandwidth_gbps = 0;  // GB/s per device, one direction
+  double latency_us = 0;      // per algorithm step (alpha)
+
+  bool operator==(const LinkSpec&) const = default;
+};
+
+struct ClusterSpec {
+  std::string name;
+  std::string description;
+  int nodes = 1;
+  int devices_per_node = 1;
+  DeviceSpec device;
+  LinkSpec intra_node;  // per device inside a node (NVLink, PCIe)
+  LinkSpec inter_node;  // per device between nodes (node NIC bandwidth / devices per node)
+  /// "auto" (ring inside a node, hierarchical across nodes), "ring", "tree", "hierarchical".
+  std::string collective_algorithm = "auto";
+  /// Compute slows by this fraction while a collective is in flight (0.2 = 20% slower).
+  double interference = 0;
+
+  int NumDevices() const { return nodes * devices_per_node; }
+  int NodeOf(int rank) const { return rank / devices_per_node; }
+
+  bool operator==(const ClusterSpec&) const = default;
+};
+
+/// Names of the built-in presets (a800-4x8, h100-8x8, commodity-4x8, ...).
+std::vector<std::string> ClusterPresetNames();
+/// A preset by name, or a spec file (.yaml, .yml, .json) by path.
+Result<ClusterSpec> LoadCluster(const std::string& name_or_path);
+/// Checks a spec's values (positive sizes, finite bandwidths); names the field.
+Status ValidateCluster(const ClusterSpec& spec, const std::string& source);
+/// The spec as JSON in the cluster-file format (LoadCluster reads it back unchanged).
+std::string ClusterToJson(const ClusterSpec& spec);
+
+}  // namespace concerto

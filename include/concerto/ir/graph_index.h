@@ -1,0 +1,30 @@
+// Derived lookups over a Graph: op and tensor by name/id, producers,
+// consumers, predecessors. Build once after the graph stops changing.
+#pragma once
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "concerto/ir/ir.h"
+
+namespace concerto {
+
+struct GraphIndex {
+  std::unordered_map<std::string, int> tensor;  // name -> index in graph.tensors
+  std::unordered_map<int, int> op;              // id -> index in graph.ops
+  std::vector<int> producer;                    // per tensor: op index, or -1 (a graph input)
+  std::vector<std::vector<int>> consumers;      // per tensor: op indices
+  std::vector<std::vector<int>> preds;          // per op: op indices (data + control), unique
+  std::vector<std::vector<int>> succs;          // per op: op indices, unique
+
+  /// Assumes references resolve (run after the reader or VerifyGraph); a
+  /// dangling reference is skipped, not indexed.
+  static GraphIndex Build(const Graph& graph);
+};
+
+/// Op indices in a topological order that keeps program order where it can
+/// (Kahn's algorithm, smallest index first). Shorter than ops.size() if cyclic.
+std::vector<int> TopologicalOrder(const Graph& graph, const GraphIndex& index);
+
+}  // namespace concerto

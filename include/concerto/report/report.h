@@ -1,0 +1,60 @@
+// Turning a simulated or measured Timeline into figures: lower bound,
+// exposed communication, overlap, critical path, and a Chrome trace.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "concerto/cost/cost_model.h"
+#include "concerto/schedule/schedule.h"
+#include "concerto/sim/simulator.h"
+
+namespace concerto {
+
+/// LB = max(critical path of the dependency graph, busiest stream's total
+/// work), over each role's lowest rank, from undelayed op durations.
+struct LowerBound {
+  double critical_path_us = 0;
+  double stream_load_us = 0;
+  std::string busiest_stream;
+  double lower_bound_us = 0;
+};
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost);
+
+struct CollectiveExposure {
+  int rank = 0;
+  int op_id = 0;
+  std::string name;
+  double duration_us = 0;
+  double exposed_us = 0;  // part of its run with no compute on that rank
+};
+
+struct Summary {
+  std::string scheduler;
+  double makespan_us = 0;
+  LowerBound bound;
+  int report_rank = 0;         // the simulated rank with the most exposed comm
+  double compute_busy_us = 0;  // on report_rank: time some compute op runs
+  double comm_busy_us = 0;     // on report_rank: time some comm op runs
+  double exposed_comm_us = 0;  // on report_rank: comm running, compute idle
+  double overlap_ratio = 0;    // 1 - exposed / comm busy
+  int num_ops = 0;             // ops per simulated rank, summed over roles
+  int ranks_simulated = 0;
+  bool representative = false;
+  CostReport costs;
+  std::vector<CollectiveExposure> top_exposed;  // on report_rank, most exposed first (<= 10)
+  std::vector<RankStreamStats> busy;
+  std::vector<std::string> critical_path;  // "rank R: op name", first to last (<= 50 shown)
+  int critical_path_ops = 0;
+};
+
+/// Figures of one simulated (or measured) run.
+Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const CostModel& cost);
+/// One JSON object (fields with units) for --json.
+nlohmann::json SummaryJson(const Summary& summary);
+/// Chrome trace event JSON: one process per rank, one thread per stream.
+std::string ChromeTrace(const ScheduledProgram& sp, const Timeline& timeline);
+
+}  // namespace concerto

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs Concerto's build dependencies from Debian packages. Idempotent: runs
+# apt-get update at most once per call, and only when something is missing.
+set -euo pipefail
+PKGS=(g++ make cmake ninja-build pkg-config
+      nlohmann-json3-dev libcli11-dev libfmt-dev libyaml-cpp-dev
+      libgtest-dev libgmock-dev libbenchmark-dev)
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PKGS[@]} packages present" >&2
+  exit 0
+fi
+SUDO=""
+[[ $(id -u) -eq 0 ]] || SUDO="sudo"
+echo "setup: installing ${missing[*]}" >&2
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,64 @@
+#include "concerto/ir/graph_index.h"
+
+#include <algorithm>
+#include <queue>
+
+namespace concerto {
+
+GraphIndex GraphIndex::Build(const Graph& graph) {
+  GraphIndex idx;
+  const int n_ops = static_cast<int>(graph.ops.size());
+  for (size_t t = 0; t < graph.tensors.size(); ++t)
+    idx.tensor.emplace(graph.tensors[t].name, static_cast<int>(t));
+  for (int i = 0; i < n_ops; ++i) idx.op.emplace(graph.ops[i].id, i);
+  idx.producer.assign(graph.tensors.size(), -1);
+  idx.consumers.assign(graph.tensors.size(), {});
+  idx.preds.assign(n_ops, {});
+  idx.succs.assign(n_ops, {});
+  for (int i = 0; i < n_ops; ++i) {
+    for (const auto& name : graph.ops[i].outputs) {
+      auto it = idx.tensor.find(name);
+      if (it != idx.tensor.end() && idx.producer[it->second] < 0) idx.producer[it->second] = i;
+    }
+  }
+  for (int i = 0; i < n_ops; ++i) {
+    const Op& op = graph.ops[i];
+    for (const auto& name : op.inputs) {
+      auto it = idx.tensor.find(name);
+      if (it == idx.tensor.end()) continue;
+      idx.consumers[it->second].push_back(i);
+      int p = idx.producer[it->second];
+      if (p >= 0 && p != i) idx.preds[i].push_back(p);
+    }
+    for (int dep : op.control_deps) {
+      auto it = idx.op.find(dep);
+      if (it != idx.op.end() && it->second != i) idx.preds[i].push_back(it->second);
+    }
+    auto& p = idx.preds[i];
+    std::sort(p.begin(), p.end());
+    p.erase(std::unique(p.begin(), p.end()), p.end());
+    for (int q : p) idx.succs[q].push_back(i);
+  }
+  return idx;
+}
+
+std::vector<int> TopologicalOrder(const Graph& graph, const GraphIndex& index) {
+  const int n = static_cast<int>(graph.ops.size());
+  std::vector<int> indegree(n, 0);
+  for (int i = 0; i < n; ++i) indegree[i] = static_cast<int>(index.preds[i].size());
+  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
+  for (int i = 0; i < n; ++i)
+    if (indegree[i] == 0) ready.push(i);
+  std::vector<int> order;
+  order.reserve(n);
+  while (!ready.empty()) {
+    int i = ready.top();
+    ready.pop();
+    order.push_back(i);
+    for (int s : index.succs[i])
+      if (--indegree[s] == 0) ready.push(s);
+  }
+  return order;
+}
+
+}  // namespace concerto

@@ -1,0 +1,204 @@
+#include "concerto/report/report.h"
+
+#include <algorithm>
+#include <map>
+
+#include "concerto/ir/graph_index.h"
+
+namespace concerto {
+
+using nlohmann::json;
+
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost) {
+  LowerBound lb;
+  for (const auto& role : program.roles) {
+    if (role.ranks.empty()) continue;
+    const Graph& g = program.GraphOf(role);
+    GraphIndex index = GraphIndex::Build(g);
+    PriceContext ctx{g, index, program.mesh, *std::min_element(role.ranks.begin(), role.ranks.end())};
+    std::vector<double> dur(g.ops.size());
+    std::map<std::string, double> load;
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      dur[i] = cost.Price(g.ops[i], ctx).duration_us;
+      load[g.ops[i].stream] += dur[i];
+    }
+    std::vector<double> finish(g.ops.size(), 0);
+    for (int i : TopologicalOrder(g, index)) {
+      double start = 0;
+      for (int p : index.preds[i]) start = std::max(start, finish[p]);
+      finish[i] = start + dur[i];
+      lb.critical_path_us = std::max(lb.critical_path_us, finish[i]);
+    }
+    for (const auto& [stream, us] : load) {
+      if (us > lb.stream_load_us) {
+        lb.stream_load_us = us;
+        lb.busiest_stream = stream;
+      }
+    }
+  }
+  lb.lower_bound_us = std::max(lb.critical_path_us, lb.stream_load_us);
+  return lb;
+}
+
+namespace {
+
+using Interval = std::pair<double, double>;
+
+/// Sorted, disjoint union of intervals.
+std::vector<Interval> Union(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<Interval> out;
+  for (const auto& iv : v) {
+    if (iv.second <= iv.first) continue;
+    if (!out.empty() && iv.first <= out.back().second)
+      out.back().second = std::max(out.back().second, iv.second);
+    else
+      out.push_back(iv);
+  }
+  return out;
+}
+
+double Length(const std::vector<Interval>& v) {
+  double t = 0;
+  for (const auto& iv : v) t += iv.second - iv.first;
+  return t;
+}
+
+/// Length of [a, b) not covered by the sorted disjoint `cover`.
+double Uncovered(double a, double b, const std::vector<Interval>& cover) {
+  double covered = 0;
+  auto it = std::lower_bound(cover.begin(), cover.end(), Interval{a, a},
+                             [](const Interval& x, const Interval& y) { return x.second < y.first; });
+  for (; it != cover.end() && it->first < b; ++it)
+    covered += std::max(0.0, std::min(b, it->second) - std::max(a, it->first));
+  return (b - a) - covered;
+}
+
+const Op& OpOfRecord(const Program& p, const OpRecord& r) {
+  return p.GraphOf(p.roles[p.RoleOfRank(r.rank)]).ops[r.op_index];
+}
+
+}  // namespace
+
+Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const CostModel& cost) {
+  const Program& p = sp.program;
+  Summary s;
+  s.scheduler = sp.schedule.scheduler;
+  s.makespan_us = timeline.makespan_us;
+  s.bound = ComputeLowerBound(p, cost);
+  s.ranks_simulated = static_cast<int>(timeline.ranks.size());
+  s.representative = timeline.representative;
+  s.costs = SummarizeCosts(p, cost);
+  s.busy = timeline.busy;
+  for (const auto& role : p.roles) s.num_ops += static_cast<int>(p.GraphOf(role).ops.size());
+
+  std::map<int, std::vector<Interval>> compute, comm;
+  std::map<int, std::vector<int>> comm_records;
+  for (size_t k = 0; k < timeline.records.size(); ++k) {
+    const OpRecord& r = timeline.records[k];
+    if (OpOfRecord(p, r).IsComm()) {
+      comm[r.rank].push_back({r.start_us, r.end_us});
+      comm_records[r.rank].push_back(static_cast<int>(k));
+    } else {
+      compute[r.rank].push_back({r.start_us, r.end_us});
+    }
+  }
+  bool first = true;
+  for (int rank : timeline.ranks) {
+    auto cu = Union(compute[rank]);
+    auto mu = Union(comm[rank]);
+    double exposed = 0;
+    for (const auto& iv : mu) exposed += Uncovered(iv.first, iv.second, cu);
+    if (first || exposed > s.exposed_comm_us) {
+      first = false;
+      s.report_rank = rank;
+      s.exposed_comm_us = exposed;
+      s.compute_busy_us = Length(cu);
+      s.comm_busy_us = Length(mu);
+    }
+  }
+  s.overlap_ratio = s.comm_busy_us > 0 ? 1.0 - s.exposed_comm_us / s.comm_busy_us : 1.0;
+  auto cu = Union(compute[s.report_rank]);
+  for (int k : comm_records[s.report_rank]) {
+    const OpRecord& r = timeline.records[k];
+    const Op& op = OpOfRecord(p, r);
+    s.top_exposed.push_back({r.rank, op.id, op.name, r.end_us - r.start_us, Uncovered(r.start_us, r.end_us, cu)});
+  }
+  std::stable_sort(s.top_exposed.begin(), s.top_exposed.end(),
+                   [](const auto& a, const auto& b) { return a.exposed_us > b.exposed_us; });
+  if (s.top_exposed.size() > 10) s.top_exposed.resize(10);
+  s.critical_path_ops = static_cast<int>(timeline.critical_path.size());
+  for (size_t k = 0; k < timeline.critical_path.size() && k < 50; ++k) {
+    const OpRecord& r = timeline.records[timeline.critical_path[k]];
+    s.critical_path.push_back("rank " + std::to_string(r.rank) + ": " + OpOfRecord(p, r).name);
+  }
+  return s;
+}
+
+json SummaryJson(const Summary& s) {
+  json j;
+  j["scheduler"] = s.scheduler;
+  j["makespan_us"] = s.makespan_us;
+  j["lower_bound_us"] = s.bound.lower_bound_us;
+  j["lower_bound_critical_path_us"] = s.bound.critical_path_us;
+  j["lower_bound_stream_load_us"] = s.bound.stream_load_us;
+  j["lower_bound_busiest_stream"] = s.bound.busiest_stream;
+  j["ratio_to_lower_bound"] = s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0;
+  j["exposed_comm_us"] = s.exposed_comm_us;
+  j["compute_busy_us"] = s.compute_busy_us;
+  j["comm_busy_us"] = s.comm_busy_us;
+  j["overlap_ratio"] = s.overlap_ratio;
+  j["report_rank"] = s.report_rank;
+  j["num_ops"] = s.num_ops;
+  j["ranks_simulated"] = s.ranks_simulated;
+  j["representative_ranks"] = s.representative;
+  j["ops_priced_explicit"] = s.costs.explicit_ops;
+  j["ops_priced_profile"] = s.costs.profiled_ops;
+  j["ops_priced_analytic"] = s.costs.analytic_ops;
+  j["busy_us"] = json::array();
+  for (const auto& b : s.busy) j["busy_us"].push_back({{"rank", b.rank}, {"stream", b.stream}, {"busy_us", b.busy_us}});
+  j["top_exposed_collectives"] = json::array();
+  for (const auto& c : s.top_exposed)
+    j["top_exposed_collectives"].push_back({{"rank", c.rank}, {"op_id", c.op_id}, {"name", c.name},
+                                            {"duration_us", c.duration_us}, {"exposed_us", c.exposed_us}});
+  j["critical_path_ops"] = s.critical_path_ops;
+  j["critical_path"] = s.critical_path;
+  return j;
+}
+
+std::string ChromeTrace(const ScheduledProgram& sp, const Timeline& timeline) {
+  const Program& p = sp.program;
+  json events = json::array();
+  for (int rank : timeline.ranks) {
+    const Role& role = p.roles[p.RoleOfRank(rank)];
+    const Graph& g = p.GraphOf(role);
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+                      {"args", {{"name", "rank " + std::to_string(rank) + " (" + role.name + ")"}}}});
+    for (size_t s = 0; s < g.streams.size(); ++s)
+      events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", s},
+                        {"args", {{"name", g.streams[s]}}}});
+  }
+  for (const auto& r : timeline.records) {
+    const Op& op = OpOfRecord(p, r);
+    json args = {{"id", op.id}, {"kind", ToString(op.kind)}, {"phase", ToString(op.tags.phase)}};
+    if (op.tags.layer >= 0) args["layer"] = op.tags.layer;
+    if (op.tags.microbatch >= 0) args["microbatch"] = op.tags.microbatch;
+    if (op.kind == OpKind::kCompute) {
+      args["type"] = ToString(op.compute_type);
+      args["flops"] = op.flops;
+      args["bytes"] = op.bytes;
+    } else if (op.IsComm()) {
+      if (op.kind == OpKind::kCollective) args["collective"] = ToString(op.collective);
+      args["bytes"] = op.message_bytes;
+      if (!op.tags.purpose.empty()) args["purpose"] = op.tags.purpose;
+      if (!op.fused_from.empty()) args["fused_ops"] = op.fused_from.size();
+    }
+    events.push_back({{"name", op.name}, {"cat", ToString(op.kind)}, {"ph", "X"}, {"pid", r.rank},
+                      {"tid", r.stream}, {"ts", r.start_us}, {"dur", r.end_us - r.start_us}, {"args", args}});
+  }
+  json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
+                {"otherData", {{"scheduler", sp.schedule.scheduler}, {"makespan_us", timeline.makespan_us}}}};
+  return trace.dump() + "\n";
+}
+
+}  // namespace concerto

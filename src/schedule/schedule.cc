@@ -1,0 +1,380 @@
+#include "concerto/schedule/schedule.h"
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+#include "concerto/ir/graph_index.h"
+
+namespace concerto {
+
+using nlohmann::json;
+
+const RoleSchedule* Schedule::ForRole(const std::string& role) const {
+  for (const auto& r : roles)
+    if (r.role == role) return &r;
+  return nullptr;
+}
+
+Schedule ProgramOrderSchedule(const Program& program, const std::string& scheduler_name) {
+  Schedule s;
+  s.scheduler = scheduler_name;
+  for (const auto& role : program.roles) {
+    const Graph& g = program.GraphOf(role);
+    RoleSchedule rs;
+    rs.role = role.name;
+    for (const auto& stream : g.streams) rs.streams.push_back({stream, {}});
+    std::unordered_map<std::string, size_t> slot;
+    for (size_t i = 0; i < g.streams.size(); ++i) slot[g.streams[i]] = i;
+    for (const auto& op : g.ops) {
+      auto it = slot.find(op.stream);
+      assert(it != slot.end() && "op on a stream the graph does not declare");
+      rs.streams[it->second].op_ids.push_back(op.id);
+    }
+    s.roles.push_back(std::move(rs));
+  }
+  return s;
+}
+
+std::string WriteSchedule(const Schedule& schedule) {
+  json j;
+  j["format"] = "concerto-schedule";
+  j["version"] = 1;
+  j["scheduler"] = schedule.scheduler;
+  j["roles"] = json::array();
+  for (const auto& r : schedule.roles) {
+    json jr;
+    jr["role"] = r.role;
+    jr["streams"] = json::array();
+    for (const auto& s : r.streams) jr["streams"].push_back({{"stream", s.stream}, {"ops", s.op_ids}});
+    j["roles"].push_back(std::move(jr));
+  }
+  j["fusion_groups"] = json::array();
+  for (const auto& f : schedule.fusion_groups)
+    j["fusion_groups"].push_back({{"role", f.role}, {"fused_op", f.fused_op}, {"members", f.members}});
+  return j.dump(1) + "\n";
+}
+
+namespace {
+
+/// Reads `key` of object `j` as T, or fails naming `where` and the field.
+template <typename T>
+Status Field(const json& j, const char* key, const std::string& where, T* out) {
+  if (!j.is_object() || !j.contains(key)) return Status::Error(where + ": missing field '" + key + "'");
+  try {
+    *out = j.at(key).get<T>();
+  } catch (const json::exception&) {
+    return Status::Error(where + ": field '" + key + "' has the wrong type");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Schedule> ParseSchedule(const std::string& text, const std::string& source) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    return Status::Error(source + ": malformed JSON: " + e.what());
+  }
+  Schedule s;
+  std::string format;
+  CONCERTO_RETURN_IF_ERROR(Field(j, "format", source, &format));
+  if (format != "concerto-schedule")
+    return Status::Error(source + ": field 'format': expected 'concerto-schedule', got '" + format + "'");
+  CONCERTO_RETURN_IF_ERROR(Field(j, "scheduler", source, &s.scheduler));
+  if (!j.contains("roles") || !j["roles"].is_array())
+    return Status::Error(source + ": missing field 'roles' (an array)");
+  for (size_t i = 0; i < j["roles"].size(); ++i) {
+    const json& jr = j["roles"][i];
+    std::string where = source + ": roles[" + std::to_string(i) + "]";
+    RoleSchedule rs;
+    CONCERTO_RETURN_IF_ERROR(Field(jr, "role", where, &rs.role));
+    if (!jr.contains("streams") || !jr["streams"].is_array())
+      return Status::Error(where + ": missing field 'streams' (an array)");
+    for (size_t k = 0; k < jr["streams"].size(); ++k) {
+      std::string w2 = where + ".streams[" + std::to_string(k) + "]";
+      StreamOrder so;
+      CONCERTO_RETURN_IF_ERROR(Field(jr["streams"][k], "stream", w2, &so.stream));
+      CONCERTO_RETURN_IF_ERROR(Field(jr["streams"][k], "ops", w2, &so.op_ids));
+      rs.streams.push_back(std::move(so));
+    }
+    s.roles.push_back(std::move(rs));
+  }
+  if (j.contains("fusion_groups")) {
+    for (size_t i = 0; i < j["fusion_groups"].size(); ++i) {
+      const json& jf = j["fusion_groups"][i];
+      std::string where = source + ": fusion_groups[" + std::to_string(i) + "]";
+      FusionGroup f;
+      CONCERTO_RETURN_IF_ERROR(Field(jf, "role", where, &f.role));
+      CONCERTO_RETURN_IF_ERROR(Field(jf, "fused_op", where, &f.fused_op));
+      CONCERTO_RETURN_IF_ERROR(Field(jf, "members", where, &f.members));
+      s.fusion_groups.push_back(std::move(f));
+    }
+  }
+  return s;
+}
+
+Result<Schedule> ReadScheduleFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseSchedule(ss.str(), path);
+}
+
+namespace {
+
+/// Per-role facts the checks below share.
+struct RoleView {
+  const Role* role;
+  const Graph* graph;
+  GraphIndex index;
+  std::vector<int> stream_of;  // per op index: index into graph->streams, or -1
+  std::vector<int> position;   // per op index: position on its stream
+  std::vector<std::vector<int>> orders;  // per stream: op indices
+};
+
+std::string GroupKey(const std::vector<int>& ranks) {
+  std::string k;
+  for (int r : ranks) k += std::to_string(r) + ",";
+  return k;
+}
+
+/// Checks membership: every op once, known streams, legal stream choice.
+void CheckMembership(const RoleSchedule& rs, RoleView& v, std::vector<std::string>& out) {
+  const Graph& g = *v.graph;
+  const std::string where = "role '" + rs.role + "'";
+  v.stream_of.assign(g.ops.size(), -1);
+  v.position.assign(g.ops.size(), -1);
+  v.orders.assign(g.streams.size(), {});
+  for (const auto& so : rs.streams) {
+    auto sit = std::find(g.streams.begin(), g.streams.end(), so.stream);
+    if (sit == g.streams.end()) {
+      out.push_back(where + ": unknown stream '" + so.stream + "' (graph '" + g.name + "')");
+      continue;
+    }
+    int s = static_cast<int>(sit - g.streams.begin());
+    for (int id : so.op_ids) {
+      auto it = v.index.op.find(id);
+      if (it == v.index.op.end()) {
+        out.push_back(where + ": stream '" + so.stream + "' lists unknown op id " + std::to_string(id));
+        continue;
+      }
+      int i = it->second;
+      const Op& op = g.ops[i];
+      if (v.stream_of[i] >= 0) {
+        out.push_back(where + ": " + OpLabel(op) + " is listed twice");
+        continue;
+      }
+      if (so.stream != op.stream && !(op.IsComm() && s == 0)) {
+        out.push_back(where + ": " + OpLabel(op) + " belongs on stream '" + op.stream +
+                      "', not '" + so.stream + "' (only a comm op may move, onto '" +
+                      g.streams[0] + "')");
+      }
+      v.stream_of[i] = s;
+      v.position[i] = static_cast<int>(v.orders[s].size());
+      v.orders[s].push_back(i);
+    }
+  }
+  for (size_t i = 0; i < g.ops.size(); ++i)
+    if (v.stream_of[i] < 0) out.push_back(where + ": " + OpLabel(g.ops[i]) + " is missing from the schedule");
+}
+
+/// A dependency listed later on the same stream, then any cycle through
+/// dependencies and stream order (a deadlock inside one rank).
+void CheckOrder(const RoleView& v, const std::string& where, std::vector<std::string>& out) {
+  const Graph& g = *v.graph;
+  const int n = static_cast<int>(g.ops.size());
+  size_t before = out.size();
+  for (int i = 0; i < n; ++i) {
+    for (int p : v.index.preds[i]) {
+      if (v.stream_of[p] == v.stream_of[i] && v.stream_of[i] >= 0 && v.position[p] > v.position[i])
+        out.push_back(where + ": " + OpLabel(g.ops[i]) + " runs before its dependency " +
+                      OpLabel(g.ops[p]) + " on stream '" + g.streams[v.stream_of[i]] + "'");
+    }
+  }
+  if (out.size() != before) return;
+  // Kahn over data/control edges plus stream-successor edges.
+  std::vector<int> indeg(n, 0);
+  std::vector<int> next(n, -1);
+  for (const auto& order : v.orders)
+    for (size_t k = 0; k + 1 < order.size(); ++k) next[order[k]] = order[k + 1];
+  for (int i = 0; i < n; ++i) {
+    indeg[i] += static_cast<int>(v.index.preds[i].size());
+    if (next[i] >= 0) indeg[next[i]]++;
+  }
+  std::vector<int> stack;
+  for (int i = 0; i < n; ++i)
+    if (indeg[i] == 0) stack.push_back(i);
+  int seen = 0;
+  while (!stack.empty()) {
+    int i = stack.back();
+    stack.pop_back();
+    ++seen;
+    for (int s : v.index.succs[i])
+      if (--indeg[s] == 0) stack.push_back(s);
+    if (next[i] >= 0 && --indeg[next[i]] == 0) stack.push_back(next[i]);
+  }
+  if (seen < n) {
+    for (int i = 0; i < n; ++i) {
+      if (indeg[i] > 0) {
+        out.push_back(where + ": deadlock: " + OpLabel(g.ops[i]) +
+                      " waits in a cycle of dependencies and stream order (" +
+                      std::to_string(n - seen) + " ops stuck)");
+        break;
+      }
+    }
+  }
+}
+
+/// One collective or p2p op as issued by one rank.
+struct Issued {
+  int role;
+  int op_index;
+  int stream;
+};
+
+}  // namespace
+
+std::vector<std::string> VerifySchedule(const Program& program, const Schedule& schedule) {
+  std::vector<std::string> out;
+  std::vector<RoleView> views;
+  for (const auto& rs : schedule.roles) {
+    bool known = std::any_of(program.roles.begin(), program.roles.end(),
+                             [&](const Role& r) { return r.name == rs.role; });
+    if (!known) out.push_back("schedule names unknown role '" + rs.role + "'");
+  }
+  for (const auto& role : program.roles) {
+    const RoleSchedule* rs = schedule.ForRole(role.name);
+    if (!rs) {
+      out.push_back("role '" + role.name + "' has no schedule");
+      continue;
+    }
+    RoleView v;
+    v.role = &role;
+    v.graph = &program.GraphOf(role);
+    v.index = GraphIndex::Build(*v.graph);
+    CheckMembership(*rs, v, out);
+    CheckOrder(v, "role '" + role.name + "'", out);
+    views.push_back(std::move(v));
+  }
+  if (!out.empty()) return out;
+
+  // Collective issue order per (group, rank) and send/recv order per (src, dst, tag).
+  std::vector<int> role_of_rank(program.mesh.NumRanks(), -1);
+  for (size_t r = 0; r < program.roles.size(); ++r)
+    for (int rank : program.roles[r].ranks)
+      if (rank >= 0 && rank < program.mesh.NumRanks()) role_of_rank[rank] = static_cast<int>(r);
+  std::map<std::string, std::map<int, std::vector<Issued>>> by_group;
+  std::map<std::tuple<int, int, int>, std::vector<Issued>> sends, recvs;
+  std::map<std::tuple<int, int, int>, std::set<int>> p2p_streams;
+  for (size_t vr = 0; vr < views.size(); ++vr) {
+    const RoleView& v = views[vr];
+    const Graph& g = *v.graph;
+    const int role_index = program.RoleOfRank(v.role->ranks.empty() ? -1 : v.role->ranks[0]);
+    // Distinct group specs of this graph, so each is resolved once per rank.
+    std::map<std::string, int> spec_id;
+    std::vector<int> spec_of(g.ops.size(), -1);
+    std::vector<const Group*> specs;
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      if (g.ops[i].kind != OpKind::kCollective) continue;
+      std::string spec = GroupKey(g.ops[i].group.ranks);
+      for (const auto& a : g.ops[i].group.axes) spec += a + "|";
+      auto [it, inserted] = spec_id.emplace(spec, static_cast<int>(specs.size()));
+      if (inserted) specs.push_back(&g.ops[i].group);
+      spec_of[i] = it->second;
+    }
+    for (int rank : v.role->ranks) {
+      // Groups that stay inside this role see the same schedule on every
+      // member, so only groups reaching other roles are recorded.
+      std::vector<std::string> crossing(specs.size());
+      for (size_t k = 0; k < specs.size(); ++k) {
+        std::vector<int> members = GroupRanks(program.mesh, *specs[k], rank);
+        bool crosses = std::any_of(members.begin(), members.end(), [&](int m) {
+          return m < 0 || m >= static_cast<int>(role_of_rank.size()) || role_of_rank[m] != role_index;
+        });
+        if (crosses || rank == v.role->ranks[0]) crossing[k] = GroupKey(members);
+      }
+      for (int s = 0; s < static_cast<int>(v.orders.size()); ++s) {
+        for (int i : v.orders[s]) {
+          const Op& op = g.ops[i];
+          if (op.kind == OpKind::kCollective) {
+            const std::string& key = crossing[spec_of[i]];
+            if (!key.empty()) by_group[key][rank].push_back({static_cast<int>(vr), i, s});
+          } else if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
+            int peer = PeerRank(program.mesh, op.peer, rank);
+            if (op.kind == OpKind::kSend) {
+              sends[{rank, peer, op.tag}].push_back({static_cast<int>(vr), i, s});
+              p2p_streams[{rank, peer, op.tag}].insert(s);
+            } else {
+              recvs[{peer, rank, op.tag}].push_back({static_cast<int>(vr), i, s});
+            }
+          }
+        }
+      }
+    }
+  }
+  auto op_of = [&](const Issued& x) -> const Op& { return views[x.role].graph->ops[x.op_index]; };
+  for (const auto& [key, per_rank] : by_group) {
+    // Within a rank: one group on two streams has no fixed issue order.
+    for (const auto& [rank, seq] : per_rank) {
+      std::set<int> streams;
+      for (const auto& x : seq) streams.insert(x.stream);
+      if (streams.size() > 1) {
+        out.push_back("rank " + std::to_string(rank) + ": collectives on group {" + key +
+                      "} are issued on " + std::to_string(streams.size()) +
+                      " streams, so their order is not fixed (first: " + OpLabel(op_of(seq[0])) + ")");
+        break;
+      }
+    }
+    // Across ranks: the k-th collective must match.
+    const auto& [rank0, seq0] = *per_rank.begin();
+    for (const auto& [rank, seq] : per_rank) {
+      size_t n = std::min(seq.size(), seq0.size());
+      for (size_t k = 0; k < n; ++k) {
+        const Op& a = op_of(seq0[k]);
+        const Op& b = op_of(seq[k]);
+        if (a.collective != b.collective || a.message_bytes != b.message_bytes) {
+          out.push_back("collective order differs on group {" + key + "}: rank " +
+                        std::to_string(rank0) + " issues " + OpLabel(a) + " (" +
+                        std::string(ToString(a.collective)) + ") where rank " + std::to_string(rank) +
+                        " issues " + OpLabel(b) + " (" + std::string(ToString(b.collective)) +
+                        "); a real run would hang");
+          break;
+        }
+      }
+      if (seq.size() != seq0.size())
+        out.push_back("group {" + key + "}: rank " + std::to_string(rank0) + " issues " +
+                      std::to_string(seq0.size()) + " collectives but rank " + std::to_string(rank) +
+                      " issues " + std::to_string(seq.size()));
+    }
+  }
+  for (const auto& [key, streams] : p2p_streams)
+    if (streams.size() > 1)
+      out.push_back("rank " + std::to_string(std::get<0>(key)) + ": sends to rank " +
+                    std::to_string(std::get<1>(key)) + " with tag " + std::to_string(std::get<2>(key)) +
+                    " are issued on several streams, so their order is not fixed");
+  std::set<std::tuple<int, int, int>> keys;
+  for (const auto& [k, _] : sends) keys.insert(k);
+  for (const auto& [k, _] : recvs) keys.insert(k);
+  for (const auto& k : keys) {
+    size_t ns = sends.count(k) ? sends[k].size() : 0;
+    size_t nr = recvs.count(k) ? recvs[k].size() : 0;
+    if (ns != nr) {
+      const Issued& x = ns > nr ? sends[k][nr] : recvs[k][ns];
+      out.push_back("unmatched " + std::string(ns > nr ? "send" : "recv") + " " + OpLabel(op_of(x)) +
+                    ": rank " + std::to_string(std::get<0>(k)) + " sends " + std::to_string(ns) +
+                    " messages to rank " + std::to_string(std::get<1>(k)) + " (tag " +
+                    std::to_string(std::get<2>(k)) + ") and it receives " + std::to_string(nr));
+    }
+  }
+  return out;
+}
+
+}  // namespace concerto

@@ -1,0 +1,456 @@
+#include "concerto/sim/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <queue>
+#include <set>
+#include <tuple>
+
+#include "concerto/ir/graph_index.h"
+
+namespace concerto {
+namespace {
+
+constexpr int kNone = -1;
+
+/// One rank being simulated: its graph, schedule and per-op state offsets.
+struct SimRank {
+  int rank = 0;
+  int role = 0;
+  const Graph* graph = nullptr;
+  const GraphIndex* index = nullptr;
+  std::vector<std::vector<int>> order;  // per stream: op indices
+  std::vector<int> stream_of;           // per op: stream index
+  int base = 0;                         // offset of this rank's ops in the global arrays
+};
+
+/// A rendezvous: the members of one collective instance, or a send/recv pair.
+struct Rendezvous {
+  int expected = 0;
+  int arrived = 0;
+  std::vector<int> members;  // global op ids (gid)
+  int last_gid = kNone;
+};
+
+struct Event {
+  double time_us;
+  long seq;
+  int gid;
+  int version;
+  bool operator>(const Event& o) const {
+    return time_us != o.time_us ? time_us > o.time_us : seq > o.seq;
+  }
+};
+
+std::string Key(const std::vector<int>& v) {
+  std::string k;
+  for (int x : v) k += std::to_string(x) + ",";
+  return k;
+}
+
+/// Chooses which ranks to simulate: one per role when that is exact (no
+/// group or peer reaches outside the representatives, and collectives cost
+/// the same on every rank of a role), else all ranks.
+std::vector<int> ChooseRanks(const Program& p, const std::vector<GraphIndex>& indexes,
+                             const CostModel& cost, bool all_ranks, bool* representative) {
+  std::vector<int> all;
+  for (const auto& role : p.roles)
+    for (int r : role.ranks) all.push_back(r);
+  std::sort(all.begin(), all.end());
+  *representative = false;
+  if (all_ranks) return all;
+  std::vector<int> reps;
+  for (const auto& role : p.roles) reps.push_back(*std::min_element(role.ranks.begin(), role.ranks.end()));
+  std::set<int> rep_set(reps.begin(), reps.end());
+  for (size_t r = 0; r < p.roles.size(); ++r) {
+    const Role& role = p.roles[r];
+    const int gi = p.GraphIndex(role.graph);
+    const Graph& g = p.graphs[gi];
+    for (const Op& op : g.ops) {
+      if (!op.IsComm()) continue;
+      if (op.kind == OpKind::kCollective) {
+        for (int m : GroupRanks(p.mesh, op.group, reps[r]))
+          if (p.RoleOfRank(m) != static_cast<int>(r)) return all;
+        PriceContext rep_ctx{g, indexes[gi], p.mesh, reps[r]};
+        double rep_us = cost.Price(op, rep_ctx).duration_us;
+        for (int rank : role.ranks) {
+          PriceContext ctx{g, indexes[gi], p.mesh, rank};
+          if (cost.Price(op, ctx).duration_us != rep_us) return all;
+        }
+      } else if (!rep_set.count(PeerRank(p.mesh, op.peer, reps[r]))) {
+        return all;
+      }
+    }
+  }
+  *representative = true;
+  std::sort(reps.begin(), reps.end());
+  return reps;
+}
+
+class Simulator {
+ public:
+  Simulator(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& options)
+      : p_(sp.program), sched_(sp.schedule), cost_(cost) {
+    interference_ = options.interference >= 0 ? options.interference : cost.cluster().interference;
+    for (const auto& g : p_.graphs) indexes_.push_back(GraphIndex::Build(g));
+    bool rep = false;
+    ranks_ = ChooseRanks(p_, indexes_, cost_, options.all_ranks, &rep);
+    timeline_.ranks = ranks_;
+    timeline_.representative = rep;
+  }
+
+  Result<Timeline> Run() {
+    CONCERTO_RETURN_IF_ERROR(Setup());
+    CONCERTO_RETURN_IF_ERROR(BuildRendezvous());
+    for (size_t sr = 0; sr < sim_.size(); ++sr)
+      for (size_t s = 0; s < sim_[sr].order.size(); ++s) TryStart(static_cast<int>(sr), static_cast<int>(s));
+    while (!queue_.empty()) {
+      Event e = queue_.top();
+      queue_.pop();
+      if (e.version != version_[e.gid]) continue;  // re-timed by interference
+      Finish(e.gid, e.time_us);
+    }
+    if (finished_ < static_cast<long>(total_ops_)) return Deadlock();
+    Collect();
+    return std::move(timeline_);
+  }
+
+ private:
+  Status Setup() {
+    int base = 0;
+    for (int rank : ranks_) {
+      SimRank s;
+      s.rank = rank;
+      s.role = p_.RoleOfRank(rank);
+      const Role& role = p_.roles[s.role];
+      const int gi = p_.GraphIndex(role.graph);
+      s.graph = &p_.graphs[gi];
+      s.index = &indexes_[gi];
+      const RoleSchedule* rs = sched_.ForRole(role.name);
+      if (!rs) return Status::Error("schedule has no entry for role '" + role.name + "'");
+      s.order.assign(s.graph->streams.size(), {});
+      s.stream_of.assign(s.graph->ops.size(), kNone);
+      for (const auto& so : rs->streams) {
+        auto it = std::find(s.graph->streams.begin(), s.graph->streams.end(), so.stream);
+        if (it == s.graph->streams.end()) return Status::Error("schedule uses unknown stream '" + so.stream + "'");
+        int si = static_cast<int>(it - s.graph->streams.begin());
+        for (int id : so.op_ids) {
+          auto oit = s.index->op.find(id);
+          if (oit == s.index->op.end()) return Status::Error("schedule lists unknown op id " + std::to_string(id));
+          s.order[si].push_back(oit->second);
+          s.stream_of[oit->second] = si;
+        }
+      }
+      for (size_t i = 0; i < s.stream_of.size(); ++i)
+        if (s.stream_of[i] == kNone)
+          return Status::Error("role '" + role.name + "': " + OpLabel(s.graph->ops[i]) + " is not scheduled");
+      s.base = base;
+      base += static_cast<int>(s.graph->ops.size());
+      sim_.push_back(std::move(s));
+    }
+    total_ops_ = base;
+    gid_rank_.resize(total_ops_);
+    duration_.resize(total_ops_);
+    remaining_.assign(total_ops_, 0);
+    rate_.assign(total_ops_, 1.0);
+    last_update_.assign(total_ops_, 0);
+    start_.assign(total_ops_, -1);
+    end_.assign(total_ops_, -1);
+    pending_.resize(total_ops_);
+    cause_.assign(total_ops_, kNone);
+    rv_.assign(total_ops_, kNone);
+    version_.assign(total_ops_, 0);
+    arrived_.assign(total_ops_, 0);
+    for (size_t sr = 0; sr < sim_.size(); ++sr) {
+      const SimRank& s = sim_[sr];
+      PriceContext ctx{*s.graph, *s.index, p_.mesh, s.rank};
+      for (size_t i = 0; i < s.graph->ops.size(); ++i) {
+        int gid = s.base + static_cast<int>(i);
+        gid_rank_[gid] = static_cast<int>(sr);
+        double d = cost_.Price(s.graph->ops[i], ctx).duration_us;
+        assert(std::isfinite(d) && d >= 0 && "cost model returned a bad duration");
+        duration_[gid] = d;
+        pending_[gid] = static_cast<int>(s.index->preds[i].size());
+      }
+      heads_.push_back(std::vector<size_t>(s.order.size(), 0));
+      stream_last_.push_back(std::vector<int>(s.order.size(), kNone));
+      running_compute_.push_back({});
+      comm_inflight_.push_back(0);
+    }
+    return Status::Ok();
+  }
+
+  /// Matches collective instances (k-th collective on one group) and
+  /// send/recv pairs (k-th message from src to dst with one tag).
+  Status BuildRendezvous() {
+    std::vector<int> sim_index(p_.mesh.NumRanks(), kNone);
+    for (size_t sr = 0; sr < sim_.size(); ++sr) sim_index[sim_[sr].rank] = static_cast<int>(sr);
+    std::map<std::pair<std::string, int>, int> coll_instance;
+    std::map<std::tuple<int, int, int, int>, int> p2p_instance;
+    for (size_t sr = 0; sr < sim_.size(); ++sr) {
+      const SimRank& s = sim_[sr];
+      std::map<std::string, int> coll_count;
+      std::map<std::tuple<int, int, int>, int> p2p_count;
+      std::map<std::string, std::string> group_cache;
+      for (const auto& order : s.order) {
+        for (int i : order) {
+          const Op& op = s.graph->ops[i];
+          const int gid = s.base + i;
+          if (op.kind == OpKind::kCollective) {
+            std::string spec = Key(op.group.ranks);
+            for (const auto& a : op.group.axes) spec += a + "|";
+            auto cit = group_cache.find(spec);
+            if (cit == group_cache.end()) {
+              std::vector<int> members;
+              for (int m : GroupRanks(p_.mesh, op.group, s.rank))
+                if (sim_index[m] != kNone) members.push_back(m);
+              cit = group_cache.emplace(spec, Key(members)).first;
+              group_size_[cit->second] = static_cast<int>(members.size());
+            }
+            int k = coll_count[cit->second]++;
+            auto [it, inserted] = coll_instance.emplace(std::make_pair(cit->second, k), static_cast<int>(rvs_.size()));
+            if (inserted) rvs_.push_back({group_size_[cit->second], 0, {}, kNone});
+            rv_[gid] = it->second;
+            rvs_[it->second].members.push_back(gid);
+          } else if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
+            int peer = PeerRank(p_.mesh, op.peer, s.rank);
+            if (peer < 0 || sim_index[peer] == kNone)
+              return Status::Error("rank " + std::to_string(s.rank) + ": " + OpLabel(op) + " has no peer rank");
+            int src = op.kind == OpKind::kSend ? s.rank : peer;
+            int dst = op.kind == OpKind::kSend ? peer : s.rank;
+            int k = p2p_count[{src, dst, op.tag}]++;
+            auto [it, inserted] = p2p_instance.emplace(std::make_tuple(src, dst, op.tag, k), static_cast<int>(rvs_.size()));
+            if (inserted) rvs_.push_back({2, 0, {}, kNone});
+            rv_[gid] = it->second;
+            rvs_[it->second].members.push_back(gid);
+          }
+        }
+      }
+    }
+    for (const auto& rv : rvs_) CONCERTO_RETURN_IF_ERROR(CheckInstance(rv));
+    return Status::Ok();
+  }
+
+  /// Members of one collective instance must agree on what they do.
+  Status CheckInstance(const Rendezvous& rv) {
+    if (rv.members.size() < 2) return Status::Ok();
+    const Op& a = OpOf(rv.members[0]);
+    for (size_t k = 1; k < rv.members.size(); ++k) {
+      const int gid = rv.members[k];
+      const Op& b = OpOf(gid);
+      bool same = a.kind == OpKind::kCollective
+                      ? b.collective == a.collective && b.message_bytes == a.message_bytes
+                      : b.kind != a.kind && b.message_bytes == a.message_bytes;
+      if (!same)
+        return Status::Error("mismatched communication: rank " + std::to_string(RankOf(rv.members[0])) + " " +
+                             OpLabel(a) + " meets rank " + std::to_string(RankOf(gid)) + " " + OpLabel(b) +
+                             " (different type or size); a real run would hang or corrupt data");
+    }
+    return Status::Ok();
+  }
+
+  const Op& OpOf(int gid) const {
+    const SimRank& s = sim_[gid_rank_[gid]];
+    return s.graph->ops[gid - s.base];
+  }
+  int RankOf(int gid) const { return sim_[gid_rank_[gid]].rank; }
+
+  /// Starts the head op of a stream if its stream is free and inputs are ready.
+  void TryStart(int sr, int s) {
+    SimRank& r = sim_[sr];
+    size_t& head = heads_[sr][s];
+    if (head >= r.order[s].size()) return;
+    if (stream_busy(sr, s)) return;
+    int i = r.order[s][head];
+    int gid = r.base + i;
+    if (pending_[gid] > 0 || start_[gid] >= 0 || arrived_[gid]) return;
+    const Op& op = r.graph->ops[i];
+    cause_[gid] = LocalCause(sr, gid, s);
+    if (op.IsComm()) {
+      Arrive(gid);
+    } else {
+      StartCompute(sr, gid);
+    }
+  }
+
+  bool stream_busy(int sr, int s) const { return stream_last_[sr][s] != kNone && end_[stream_last_[sr][s]] < 0; }
+
+  /// The latest-finishing predecessor or stream predecessor of an op.
+  int LocalCause(int sr, int gid, int s) const {
+    const SimRank& r = sim_[sr];
+    int best = stream_last_[sr][s];
+    double best_t = best == kNone ? -1 : end_[best];
+    for (int p : r.index->preds[gid - r.base]) {
+      int pg = r.base + p;
+      if (end_[pg] > best_t) best = pg, best_t = end_[pg];
+    }
+    return best;
+  }
+
+  void Arrive(int gid) {
+    Rendezvous& rv = rvs_[rv_[gid]];
+    arrived_[gid] = 1;
+    rv.arrived++;
+    rv.last_gid = gid;
+    int sr = gid_rank_[gid];
+    stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]] = gid;  // blocks the stream
+    if (rv.arrived < rv.expected) return;
+    double dur = 0;
+    for (int m : rv.members) dur = std::max(dur, duration_[m]);
+    for (int m : rv.members) {
+      if (m != gid) cause_[m] = gid;  // waited for the last arrival
+      start_[m] = now_;
+      int msr = gid_rank_[m];
+      CommInflightChange(msr, +1);
+      Push(m, now_ + dur);
+    }
+  }
+
+  void StartCompute(int sr, int gid) {
+    start_[gid] = now_;
+    stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]] = gid;
+    remaining_[gid] = duration_[gid];
+    rate_[gid] = comm_inflight_[sr] > 0 ? 1.0 / (1.0 + interference_) : 1.0;
+    last_update_[gid] = now_;
+    running_compute_[sr].push_back(gid);
+    Push(gid, now_ + remaining_[gid] / rate_[gid]);
+  }
+
+  /// Interference: when a rank's in-flight comm count crosses zero, running
+  /// compute ops change speed and their finish events are re-timed.
+  void CommInflightChange(int sr, int delta) {
+    int before = comm_inflight_[sr];
+    comm_inflight_[sr] += delta;
+    if (interference_ <= 0 || (before > 0) == (comm_inflight_[sr] > 0)) return;
+    double new_rate = comm_inflight_[sr] > 0 ? 1.0 / (1.0 + interference_) : 1.0;
+    for (int gid : running_compute_[sr]) {
+      remaining_[gid] -= (now_ - last_update_[gid]) * rate_[gid];
+      remaining_[gid] = std::max(0.0, remaining_[gid]);
+      rate_[gid] = new_rate;
+      last_update_[gid] = now_;
+      ++version_[gid];
+      Push(gid, now_ + remaining_[gid] / rate_[gid]);
+    }
+  }
+
+  void Push(int gid, double t) { queue_.push({t, seq_++, gid, version_[gid]}); }
+
+  void Finish(int gid, double t) {
+    now_ = t;
+    end_[gid] = t;
+    ++finished_;
+    int sr = gid_rank_[gid];
+    SimRank& r = sim_[sr];
+    int i = gid - r.base;
+    const Op& op = r.graph->ops[i];
+    if (op.IsComm()) {
+      CommInflightChange(sr, -1);
+    } else {
+      auto& run = running_compute_[sr];
+      run.erase(std::find(run.begin(), run.end(), gid));
+    }
+    int s = r.stream_of[i];
+    heads_[sr][s]++;
+    std::vector<int> touched = {s};
+    for (int succ : r.index->succs[i]) {
+      if (--pending_[r.base + succ] == 0) touched.push_back(r.stream_of[succ]);
+    }
+    std::sort(touched.begin(), touched.end());
+    touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+    for (int ts : touched) TryStart(sr, ts);
+  }
+
+  Status Deadlock() {
+    std::string msg = "deadlock: the run stops at " + std::to_string(now_) + " us with " +
+                      std::to_string(total_ops_ - finished_) + " ops unfinished; stuck:";
+    int shown = 0;
+    for (size_t sr = 0; sr < sim_.size() && shown < 6; ++sr) {
+      const SimRank& r = sim_[sr];
+      for (size_t s = 0; s < r.order.size() && shown < 6; ++s) {
+        if (heads_[sr][s] >= r.order[s].size()) continue;
+        int i = r.order[s][heads_[sr][s]];
+        int gid = r.base + i;
+        const Op& op = r.graph->ops[i];
+        msg += "\n  rank " + std::to_string(r.rank) + " stream '" + r.graph->streams[s] + "': " + OpLabel(op);
+        if (arrived_[gid]) {
+          const Rendezvous& rv = rvs_[rv_[gid]];
+          msg += " waits for its peers (" + std::to_string(rv.arrived) + " of " + std::to_string(rv.expected) +
+                 " arrived)";
+          std::vector<int> in;
+          for (int m : rv.members)
+            if (!arrived_[m]) in.push_back(m);
+          for (int m : in) msg += "; rank " + std::to_string(RankOf(m)) + " has " + OpLabel(OpOf(m)) + " not yet issued";
+          if (static_cast<int>(rv.members.size()) < rv.expected) msg += "; a member never issues this collective";
+        } else if (pending_[gid] > 0) {
+          msg += " waits for " + std::to_string(pending_[gid]) + " unfinished inputs";
+        }
+        ++shown;
+      }
+    }
+    return Status::Error(msg);
+  }
+
+  void Collect() {
+    timeline_.records.reserve(total_ops_);
+    std::vector<int> record_of(total_ops_);
+    for (size_t sr = 0; sr < sim_.size(); ++sr) {
+      const SimRank& r = sim_[sr];
+      std::vector<double> busy(r.graph->streams.size(), 0);
+      for (size_t i = 0; i < r.graph->ops.size(); ++i) {
+        int gid = r.base + static_cast<int>(i);
+        record_of[gid] = static_cast<int>(timeline_.records.size());
+        timeline_.records.push_back({r.rank, static_cast<int>(i), r.stream_of[i], start_[gid], end_[gid]});
+        busy[r.stream_of[i]] += end_[gid] - start_[gid];
+        timeline_.makespan_us = std::max(timeline_.makespan_us, end_[gid]);
+      }
+      for (size_t s = 0; s < busy.size(); ++s) timeline_.busy.push_back({r.rank, r.graph->streams[s], busy[s]});
+    }
+    // Critical path: from the last op to finish, follow what each op waited for.
+    int last = kNone;
+    for (int gid = 0; gid < static_cast<int>(total_ops_); ++gid)
+      if (last == kNone || end_[gid] > end_[last]) last = gid;
+    std::vector<int> path;
+    std::vector<char> seen(total_ops_, 0);
+    for (int g = last; g != kNone && !seen[g]; g = cause_[g]) {
+      seen[g] = 1;
+      path.push_back(record_of[g]);
+    }
+    std::reverse(path.begin(), path.end());
+    timeline_.critical_path = std::move(path);
+  }
+
+  const Program& p_;
+  const Schedule& sched_;
+  const CostModel& cost_;
+  double interference_ = 0;
+  std::vector<GraphIndex> indexes_;
+  std::vector<int> ranks_;
+  std::vector<SimRank> sim_;
+  size_t total_ops_ = 0;
+  std::vector<int> gid_rank_;
+  std::vector<double> duration_, remaining_, rate_, last_update_, start_, end_;
+  std::vector<int> pending_, cause_, rv_, version_;
+  std::vector<Rendezvous> rvs_;
+  std::map<std::string, int> group_size_;
+  std::vector<char> arrived_;
+  std::vector<std::vector<size_t>> heads_;
+  std::vector<std::vector<int>> stream_last_;
+  std::vector<std::vector<int>> running_compute_;
+  std::vector<int> comm_inflight_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
+  long seq_ = 0;
+  long finished_ = 0;
+  double now_ = 0;
+  Timeline timeline_;
+};
+
+}  // namespace
+
+Result<Timeline> Simulate(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& options) {
+  Simulator sim(sp, cost, options);
+  return sim.Run();
+}
+
+}  // namespace concerto
