@@ -1,0 +1,56 @@
+// The driver: the passes in a straight line (read, schedule, verify,
+// simulate, report), each callable alone, with the IR dumpable after any.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "concerto/cost/cost_model.h"
+#include "concerto/driver/options.h"
+#include "concerto/report/report.h"
+#include "concerto/schedule/schedule.h"
+#include "concerto/schedule/scheduler.h"
+#include "concerto/sim/simulator.h"
+
+namespace concerto {
+
+/// Pass names accepted by --dump-after.
+std::vector<std::string> PassNames();
+
+/// Called with (pass name, program) after each pass; the CLI uses it to dump IR.
+using PassHook = std::function<void(const std::string&, const Program&)>;
+
+/// Every scheduler the driver can run, baselines first.
+std::vector<std::string> SchedulerNames();
+
+/// BaselineOptions filled from the option table.
+BaselineOptions ToBaselineOptions(const Options& options);
+
+/// One scheduler run end to end on one cost model.
+struct RunResult {
+  ScheduledProgram scheduled;
+  Timeline timeline;
+  Summary summary;
+};
+
+/// Schedules with `scheduler`, checks the schedule with the independent
+/// verifier (a violation is an error listing them), simulates and summarizes.
+Result<RunResult> RunScheduler(const Program& program, const std::string& scheduler, const CostModel& cost,
+                               const Options& options, const PassHook& hook = nullptr);
+
+/// Simulates a given schedule (after verifying it).
+Result<RunResult> RunGivenSchedule(const Program& program, const Schedule& schedule, const CostModel& cost,
+                                   const Options& options);
+
+/// Runs every scheduler in `schedulers`; progress lines go to `progress` when set.
+Result<std::vector<RunResult>> Compare(const Program& program, const std::vector<std::string>& schedulers,
+                                       const CostModel& cost, const Options& options,
+                                       const std::function<void(const std::string&)>& progress = nullptr);
+
+/// A fixed-width comparison table (one row per scheduler).
+std::string CompareTable(const std::vector<RunResult>& runs, const std::string& title);
+/// The comparison as one JSON object.
+nlohmann::json CompareJson(const std::vector<RunResult>& runs, const std::string& cluster);
+
+}  // namespace concerto

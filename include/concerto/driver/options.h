@@ -1,0 +1,41 @@
+// The one table of numeric options: name, unit, default and bounds. The CLI
+// registers flags from it and validates every value once, here.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "concerto/util/status.h"
+
+namespace concerto {
+
+struct OptionSpec {
+  std::string name;  // flag name without dashes, kebab-case
+  std::string unit;
+  double default_value;
+  double min_value;
+  double max_value;
+  std::string help;
+};
+
+/// Every numeric option the tool takes.
+const std::vector<OptionSpec>& OptionTable();
+
+/// Values by option name, defaults filled in.
+class Options {
+ public:
+  Options();
+  /// Sets `name` to `value` after checking the bounds; the error names the
+  /// option, its unit and its bounds.
+  Status Set(const std::string& name, double value);
+  double Get(const std::string& name) const;
+
+  /// Simulate every rank even where one representative per role is exact.
+  bool all_ranks = false;
+
+ private:
+  std::map<std::string, double> values_;
+};
+
+}  // namespace concerto

@@ -1,0 +1,487 @@
+// Cluster presets, the cluster-file reader (YAML or JSON) and validation.
+// Every preset value and its source is listed in docs/cost-model.md.
+#include "concerto/cost/cluster.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <utility>
+
+namespace concerto {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Presets. Values and their sources: docs/cost-model.md, "Presets".
+
+/// 4 nodes x 8 A800-SXM4-80GB: the testbed of the Concerto paper (ASPLOS 2025).
+ClusterSpec A800Preset() {
+  ClusterSpec c;
+  c.name = "a800-4x8";
+  c.description =
+      "Concerto paper testbed: 4 nodes x 8 A800-SXM4-80GB, NVLink 400 GB/s, 800 Gb/s per node";
+  c.nodes = 4;
+  c.devices_per_node = 8;
+  c.device.name = "A800-SXM4-80GB";
+  c.device.peak_tflops_bf16 = 312;  // as A100 SXM (inferred: same GA100 die)
+  c.device.peak_tflops_fp16 = 312;
+  c.device.peak_tflops_fp32 = 19.5;  // CUDA cores, no TF32
+  c.device.memory_bandwidth_gbps = 2039;
+  c.device.memory_gb = 80;
+  c.device.matmul_efficiency = 0.87;  // A100 SXM large bf16 GEMM
+  c.device.vector_efficiency = 0.125;  // CUDA-core bf16 rate / tensor-core peak (inferred)
+  c.device.memory_efficiency = 0.85;   // low end of 85-90% of HBM
+  c.device.launch_overhead_us = 4;     // inferred
+  c.intra_node = {185, 1.1};   // nccl-tests busbw 155-215 GB/s, midpoint; NCCL LL ring alpha
+  c.inter_node = {11.25, 3.8};  // 90 GB/s achieved of 100 GB/s per node, / 8 devices
+  c.collective_algorithm = "auto";
+  c.interference = 0.2;  // paper: 18.2%, 21.9%, 23.8% on A800
+  return c;
+}
+
+/// 8 nodes x 8 H100-SXM5-80GB, NVLink 900 GB/s, 8 x 400 Gb/s NDR per node.
+ClusterSpec H100Preset() {
+  ClusterSpec c;
+  c.name = "h100-8x8";
+  c.description = "8 nodes x 8 H100-SXM5-80GB, NVLink 900 GB/s, 8 x 400 Gb/s NDR InfiniBand per node";
+  c.nodes = 8;
+  c.devices_per_node = 8;
+  c.device.name = "H100-SXM5-80GB";
+  c.device.peak_tflops_bf16 = 989;
+  c.device.peak_tflops_fp16 = 989;
+  c.device.peak_tflops_fp32 = 67;  // CUDA cores (datasheet; not in REFERENCES.md)
+  c.device.memory_bandwidth_gbps = 3350;
+  c.device.memory_gb = 80;
+  c.device.matmul_efficiency = 0.80;  // H100 SXM large bf16 GEMM
+  c.device.vector_efficiency = 0.125;
+  c.device.memory_efficiency = 0.85;
+  c.device.launch_overhead_us = 4;
+  c.intra_node = {370, 1.1};  // nccl-tests busbw without NVLS
+  c.inter_node = {47, 3.2};   // one NDR NIC per GPU: 46-48 GB/s achieved
+  c.collective_algorithm = "auto";
+  c.interference = 0.2;  // middle of the common 15-25% range
+  return c;
+}
+
+/// 4 nodes x 8 A100-PCIe-80GB, PCIe Gen4 x16 inside a node, 25 GbE between nodes.
+ClusterSpec CommodityPreset() {
+  ClusterSpec c;
+  c.name = "commodity-4x8";
+  c.description = "4 nodes x 8 A100-PCIe-80GB, PCIe Gen4 x16 inside a node, one 25 GbE port per node";
+  c.nodes = 4;
+  c.devices_per_node = 8;
+  c.device.name = "A100-PCIe-80GB";
+  c.device.peak_tflops_bf16 = 312;
+  c.device.peak_tflops_fp16 = 312;
+  c.device.peak_tflops_fp32 = 19.5;
+  c.device.memory_bandwidth_gbps = 1935;  // datasheet; not in REFERENCES.md
+  c.device.memory_gb = 80;
+  c.device.matmul_efficiency = 0.69;  // A800 PCIe fp16 GEMM at n=8192 (same board class)
+  c.device.vector_efficiency = 0.125;
+  c.device.memory_efficiency = 0.85;
+  c.device.launch_overhead_us = 4;
+  c.intra_node = {20, 1.5};        // inferred: ~63% of 31.5 GB/s PCIe Gen4 x16
+  c.inter_node = {0.3375, 15};     // 2.7 GB/s achieved per 25 GbE node / 8 devices; TCP alpha inferred
+  c.collective_algorithm = "auto";
+  c.interference = 0.15;  // low end of 15-25%: slow links keep NCCL kernels light (inferred)
+  return c;
+}
+
+struct Preset {
+  const char* name;
+  ClusterSpec (*make)();
+};
+constexpr Preset kPresets[] = {
+    {"a800-4x8", A800Preset},
+    {"h100-8x8", H100Preset},
+    {"commodity-4x8", CommodityPreset},
+};
+
+/// The preset called `name`, or nullptr.
+const Preset* FindPreset(const std::string& name) {
+  for (const Preset& p : kPresets)
+    if (name == p.name) return &p;
+  return nullptr;
+}
+
+/// "a800-4x8, h100-8x8, commodity-4x8".
+std::string PresetList() {
+  std::string out;
+  for (const Preset& p : kPresets) {
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
+}
+
+/// A double as people write it: 3, -3, 0.125, 1e+20, inf.
+std::string FormatNumber(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  return buf;
+}
+
+// ---------------------------------------------------------------------------
+// A parsed file, YAML or JSON, reduced to what the reader needs.
+
+struct FileNode {
+  enum class Kind { kNull, kScalar, kMap, kOther };
+  Kind kind = Kind::kNull;
+  std::string text;        // scalar text; for kOther, a short description
+  bool quoted = false;     // a JSON string or a quoted YAML scalar
+  std::vector<std::string> keys;  // kMap, in file order
+  std::vector<FileNode> values;
+};
+
+/// Converts a yaml-cpp node (which may throw on malformed input; callers catch).
+FileNode FromYaml(const YAML::Node& y) {
+  FileNode n;
+  switch (y.Type()) {
+    case YAML::NodeType::Null:
+    case YAML::NodeType::Undefined:
+      n.kind = FileNode::Kind::kNull;
+      n.text = "null";
+      break;
+    case YAML::NodeType::Scalar:
+      n.kind = FileNode::Kind::kScalar;
+      n.text = y.Scalar();
+      n.quoted = y.Tag() == "!";
+      break;
+    case YAML::NodeType::Sequence:
+      n.kind = FileNode::Kind::kOther;
+      n.text = "a list";
+      break;
+    case YAML::NodeType::Map:
+      n.kind = FileNode::Kind::kMap;
+      for (const auto& kv : y) {
+        n.keys.push_back(kv.first.IsScalar() ? kv.first.Scalar() : std::string("?"));
+        n.values.push_back(FromYaml(kv.second));
+      }
+      break;
+  }
+  return n;
+}
+
+/// Converts a parsed JSON value.
+FileNode FromJson(const nlohmann::json& j) {
+  FileNode n;
+  if (j.is_null()) {
+    n.kind = FileNode::Kind::kNull;
+    n.text = "null";
+  } else if (j.is_string()) {
+    n.kind = FileNode::Kind::kScalar;
+    n.text = j.get<std::string>();
+    n.quoted = true;
+  } else if (j.is_number()) {
+    n.kind = FileNode::Kind::kScalar;
+    n.text = j.dump();
+  } else if (j.is_object()) {
+    n.kind = FileNode::Kind::kMap;
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      n.keys.push_back(it.key());
+      n.values.push_back(FromJson(it.value()));
+    }
+  } else {
+    n.kind = FileNode::Kind::kOther;
+    n.text = j.dump();
+  }
+  return n;
+}
+
+/// How a value reads in an error message.
+std::string Describe(const FileNode& n) {
+  switch (n.kind) {
+    case FileNode::Kind::kNull: return "null";
+    case FileNode::Kind::kMap: return "a map";
+    case FileNode::Kind::kOther: return n.text;
+    case FileNode::Kind::kScalar: return n.quoted ? "'" + n.text + "'" : n.text;
+  }
+  return n.text;
+}
+
+/// Reads a cluster file's tree into a ClusterSpec; every error names the file and field.
+class ClusterFileReader {
+ public:
+  explicit ClusterFileReader(std::string file) : file_(std::move(file)) {}
+
+  /// Fills *spec from the top-level map `root`.
+  Status Read(const FileNode& root, ClusterSpec* spec) {
+    if (root.kind != FileNode::Kind::kMap)
+      return Status::Error(file_ + ": top level must be a map of cluster fields, got " +
+                           Describe(root));
+    // 'base' first, whatever its position: the other fields override the preset.
+    bool has_base = false;
+    for (size_t i = 0; i < root.keys.size(); ++i) {
+      if (root.keys[i] != "base") continue;
+      std::string base;
+      CONCERTO_RETURN_IF_ERROR(String(root.values[i], "base", &base));
+      const Preset* preset = FindPreset(base);
+      if (!preset)
+        return Error("base", "unknown preset '" + base + "' (presets: " + PresetList() + ")");
+      *spec = preset->make();
+      has_base = true;
+    }
+    DeviceSpec& d = spec->device;
+    std::vector<Field> device_fields = {
+        {"name", [&](const FileNode& n, const std::string& f) { return String(n, f, &d.name); }},
+        {"peak_tflops_bf16", NumberField(&d.peak_tflops_bf16)},
+        {"peak_tflops_fp16", NumberField(&d.peak_tflops_fp16)},
+        {"peak_tflops_fp32", NumberField(&d.peak_tflops_fp32)},
+        {"memory_bandwidth_gbps", NumberField(&d.memory_bandwidth_gbps)},
+        {"memory_gb", NumberField(&d.memory_gb)},
+        {"matmul_efficiency", NumberField(&d.matmul_efficiency)},
+        {"vector_efficiency", NumberField(&d.vector_efficiency)},
+        {"memory_efficiency", NumberField(&d.memory_efficiency)},
+        {"launch_overhead_us", NumberField(&d.launch_overhead_us)},
+    };
+    auto link_fields = [&](LinkSpec* link) {
+      return std::vector<Field>{{"bandwidth_gbps", NumberField(&link->bandwidth_gbps)},
+                                {"latency_us", NumberField(&link->latency_us)}};
+    };
+    std::vector<Field> top_fields = {
+        {"base", [](const FileNode&, const std::string&) { return Status::Ok(); }},
+        {"name", [&](const FileNode& n, const std::string& f) { return String(n, f, &spec->name); }},
+        {"description",
+         [&](const FileNode& n, const std::string& f) { return String(n, f, &spec->description); }},
+        {"nodes", IntegerField(&spec->nodes)},
+        {"devices_per_node", IntegerField(&spec->devices_per_node)},
+        {"device", [&](const FileNode& n, const std::string& f) { return Map(n, f, device_fields); }},
+        {"intra_node",
+         [&](const FileNode& n, const std::string& f) {
+           return Map(n, f, link_fields(&spec->intra_node));
+         }},
+        {"inter_node",
+         [&](const FileNode& n, const std::string& f) {
+           return Map(n, f, link_fields(&spec->inter_node));
+         }},
+        {"collective_algorithm",
+         [&](const FileNode& n, const std::string& f) {
+           return String(n, f, &spec->collective_algorithm);
+         }},
+        {"interference", NumberField(&spec->interference)},
+    };
+    CONCERTO_RETURN_IF_ERROR(Map(root, "", top_fields));
+    if (!has_base) {
+      // Fields whose struct default is not a usable value must be given.
+      static const char* const kRequired[] = {
+          "nodes", "devices_per_node", "device.name", "device.peak_tflops_bf16",
+          "device.peak_tflops_fp16", "device.peak_tflops_fp32", "device.memory_bandwidth_gbps",
+          "device.memory_gb", "intra_node.bandwidth_gbps", "intra_node.latency_us",
+          "inter_node.bandwidth_gbps", "inter_node.latency_us"};
+      for (const char* field : kRequired)
+        if (!seen_.count(field))
+          return Error(field, "missing (required unless 'base' names a preset)");
+    }
+    if (!seen_.count("name")) spec->name = std::filesystem::path(file_).stem().string();
+    return Status::Ok();
+  }
+
+ private:
+  using Setter = std::function<Status(const FileNode&, const std::string& field)>;
+  struct Field {
+    std::string key;
+    Setter set;
+  };
+
+  Status Error(const std::string& field, const std::string& what) const {
+    return Status::Error(file_ + ": field '" + field + "': " + what);
+  }
+
+  /// Applies `fields` to the map `node`; unknown keys are errors.
+  Status Map(const FileNode& node, const std::string& prefix, const std::vector<Field>& fields) {
+    if (node.kind != FileNode::Kind::kMap)
+      return Error(prefix, "must be a map, got " + Describe(node));
+    for (size_t i = 0; i < node.keys.size(); ++i) {
+      const std::string field = prefix.empty() ? node.keys[i] : prefix + "." + node.keys[i];
+      const Field* match = nullptr;
+      for (const Field& f : fields)
+        if (f.key == node.keys[i]) match = &f;
+      if (!match) {
+        std::string known;
+        for (const Field& f : fields) known += (known.empty() ? "" : ", ") + f.key;
+        return Error(field, "unknown key (known keys here: " + known + ")");
+      }
+      seen_.insert(field);
+      CONCERTO_RETURN_IF_ERROR(match->set(node.values[i], field));
+    }
+    return Status::Ok();
+  }
+
+  Status String(const FileNode& n, const std::string& field, std::string* out) const {
+    if (n.kind != FileNode::Kind::kScalar) return Error(field, "must be a string, got " + Describe(n));
+    *out = n.text;
+    return Status::Ok();
+  }
+
+  /// Parses a number; the range is ValidateCluster's job.
+  Status Number(const FileNode& n, const std::string& field, double* out) const {
+    if (n.kind != FileNode::Kind::kScalar || n.quoted || n.text.empty())
+      return Error(field, "must be a number, got " + Describe(n));
+    const char* begin = n.text.c_str();
+    char* end = nullptr;
+    double v = std::strtod(begin, &end);
+    if (end == begin || *end != '\0') return Error(field, "must be a number, got " + Describe(n));
+    *out = v;
+    return Status::Ok();
+  }
+
+  Setter NumberField(double* out) {
+    return [this, out](const FileNode& n, const std::string& f) { return Number(n, f, out); };
+  }
+
+  Setter IntegerField(int* out) {
+    return [this, out](const FileNode& n, const std::string& f) -> Status {
+      double v = 0;
+      CONCERTO_RETURN_IF_ERROR(Number(n, f, &v));
+      if (!std::isfinite(v) || v != std::floor(v) || v < 1 || v > 1e6)
+        return Error(f, "must be a positive integer, got " + Describe(n));
+      *out = static_cast<int>(v);
+      return Status::Ok();
+    };
+  }
+
+  std::string file_;
+  std::set<std::string> seen_;  // dotted field names present in the file
+};
+
+/// Ends with `suffix`.
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Reads, parses and validates a cluster file.
+Result<ClusterSpec> LoadClusterFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::Error(path + ": cannot open cluster file");
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  FileNode root;
+  try {
+    if (EndsWith(path, ".json")) {
+      root = FromJson(nlohmann::json::parse(buffer.str()));
+    } else {
+      root = FromYaml(YAML::Load(buffer.str()));
+    }
+  } catch (const YAML::Exception& e) {
+    return Status::Error(path + ": YAML parse error: " + e.what());
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(path + ": JSON parse error: " + e.what());
+  } catch (const std::exception& e) {
+    return Status::Error(path + ": cannot read cluster file: " + e.what());
+  }
+  ClusterSpec spec;
+  ClusterFileReader reader(path);
+  CONCERTO_RETURN_IF_ERROR(reader.Read(root, &spec));
+  CONCERTO_RETURN_IF_ERROR(ValidateCluster(spec, path));
+  return spec;
+}
+
+}  // namespace
+
+std::vector<std::string> ClusterPresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.push_back(p.name);
+  return names;
+}
+
+Result<ClusterSpec> LoadCluster(const std::string& name_or_path) {
+  if (EndsWith(name_or_path, ".yaml") || EndsWith(name_or_path, ".yml") ||
+      EndsWith(name_or_path, ".json"))
+    return LoadClusterFile(name_or_path);
+  const Preset* preset = FindPreset(name_or_path);
+  if (!preset)
+    return Status::Error("unknown cluster '" + name_or_path + "': not a preset (" + PresetList() +
+                         ") and not a .yaml, .yml or .json file");
+  ClusterSpec spec = preset->make();
+  Status st = ValidateCluster(spec, "preset '" + name_or_path + "'");
+  assert(st.ok() && "a built-in preset fails ValidateCluster");
+  (void)st;
+  return spec;
+}
+
+Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
+  auto error = [&](const std::string& field, const std::string& what) {
+    return Status::Error(source + ": field '" + field + "': " + what);
+  };
+  auto positive = [&](const std::string& field, double v) {
+    return std::isfinite(v) && v > 0
+               ? Status::Ok()
+               : error(field, "must be a positive finite number, got " + FormatNumber(v));
+  };
+  auto non_negative = [&](const std::string& field, double v) {
+    return std::isfinite(v) && v >= 0
+               ? Status::Ok()
+               : error(field, "must be a non-negative finite number, got " + FormatNumber(v));
+  };
+  auto fraction = [&](const std::string& field, double v) {
+    return std::isfinite(v) && v > 0 && v <= 1
+               ? Status::Ok()
+               : error(field, "must be a fraction in (0, 1], got " + FormatNumber(v));
+  };
+  if (spec.name.empty()) return error("name", "must not be empty");
+  if (spec.nodes < 1) return error("nodes", "must be a positive integer, got " + std::to_string(spec.nodes));
+  if (spec.devices_per_node < 1)
+    return error("devices_per_node",
+                 "must be a positive integer, got " + std::to_string(spec.devices_per_node));
+  if (static_cast<int64_t>(spec.nodes) * spec.devices_per_node > (1 << 24))
+    return error("nodes", "nodes x devices_per_node must be at most 16777216, got " +
+                              std::to_string(static_cast<int64_t>(spec.nodes) * spec.devices_per_node));
+  const DeviceSpec& d = spec.device;
+  if (d.name.empty()) return error("device.name", "must not be empty (it keys the profile database)");
+  CONCERTO_RETURN_IF_ERROR(positive("device.peak_tflops_bf16", d.peak_tflops_bf16));
+  CONCERTO_RETURN_IF_ERROR(positive("device.peak_tflops_fp16", d.peak_tflops_fp16));
+  CONCERTO_RETURN_IF_ERROR(positive("device.peak_tflops_fp32", d.peak_tflops_fp32));
+  CONCERTO_RETURN_IF_ERROR(positive("device.memory_bandwidth_gbps", d.memory_bandwidth_gbps));
+  CONCERTO_RETURN_IF_ERROR(positive("device.memory_gb", d.memory_gb));
+  CONCERTO_RETURN_IF_ERROR(fraction("device.matmul_efficiency", d.matmul_efficiency));
+  CONCERTO_RETURN_IF_ERROR(fraction("device.vector_efficiency", d.vector_efficiency));
+  CONCERTO_RETURN_IF_ERROR(fraction("device.memory_efficiency", d.memory_efficiency));
+  CONCERTO_RETURN_IF_ERROR(non_negative("device.launch_overhead_us", d.launch_overhead_us));
+  CONCERTO_RETURN_IF_ERROR(positive("intra_node.bandwidth_gbps", spec.intra_node.bandwidth_gbps));
+  CONCERTO_RETURN_IF_ERROR(non_negative("intra_node.latency_us", spec.intra_node.latency_us));
+  CONCERTO_RETURN_IF_ERROR(positive("inter_node.bandwidth_gbps", spec.inter_node.bandwidth_gbps));
+  CONCERTO_RETURN_IF_ERROR(non_negative("inter_node.latency_us", spec.inter_node.latency_us));
+  const std::string& algo = spec.collective_algorithm;
+  if (algo != "auto" && algo != "ring" && algo != "tree" && algo != "hierarchical")
+    return error("collective_algorithm",
+                 "must be one of auto, ring, tree, hierarchical, got '" + algo + "'");
+  if (!std::isfinite(spec.interference) || spec.interference < 0 || spec.interference > 10)
+    return error("interference",
+                 "must be a slowdown fraction in [0, 10], got " + FormatNumber(spec.interference));
+  return Status::Ok();
+}
+
+std::string ClusterToJson(const ClusterSpec& spec) {
+  nlohmann::ordered_json j;
+  j["name"] = spec.name;
+  j["description"] = spec.description;
+  j["nodes"] = spec.nodes;
+  j["devices_per_node"] = spec.devices_per_node;
+  const DeviceSpec& d = spec.device;
+  j["device"] = {{"name", d.name},
+                 {"peak_tflops_bf16", d.peak_tflops_bf16},
+                 {"peak_tflops_fp16", d.peak_tflops_fp16},
+                 {"peak_tflops_fp32", d.peak_tflops_fp32},
+                 {"memory_bandwidth_gbps", d.memory_bandwidth_gbps},
+                 {"memory_gb", d.memory_gb},
+                 {"matmul_efficiency", d.matmul_efficiency},
+                 {"vector_efficiency", d.vector_efficiency},
+                 {"memory_efficiency", d.memory_efficiency},
+                 {"launch_overhead_us", d.launch_overhead_us}};
+  j["intra_node"] = {{"bandwidth_gbps", spec.intra_node.bandwidth_gbps},
+                     {"latency_us", spec.intra_node.latency_us}};
+  j["inter_node"] = {{"bandwidth_gbps", spec.inter_node.bandwidth_gbps},
+                     {"latency_us", spec.inter_node.latency_us}};
+  j["collective_algorithm"] = spec.collective_algorithm;
+  j["interference"] = spec.interference;
+  return j.dump(2) + "\n";
+}
+
+}  // namespace concerto

@@ -1,0 +1,119 @@
+#include "concerto/driver/driver.h"
+
+#include <fmt/format.h>
+
+#include "concerto/schedule/scheduler.h"
+
+namespace concerto {
+
+std::vector<std::string> PassNames() { return {"read", "schedule"}; }
+
+std::vector<std::string> SchedulerNames() { return BaselineNames(); }
+
+BaselineOptions ToBaselineOptions(const Options& options) {
+  BaselineOptions b;
+  b.ddp_first_bucket_bytes = static_cast<int64_t>(options.Get("ddp-first-bucket") * (1 << 20));
+  b.ddp_bucket_bytes = static_cast<int64_t>(options.Get("ddp-bucket") * (1 << 20));
+  b.megatron_bucket_min_params = static_cast<int64_t>(options.Get("megatron-bucket"));
+  b.zero_reduce_bucket_elements = static_cast<int64_t>(options.Get("zero-reduce-bucket"));
+  b.zero_prefetch_bucket_elements = static_cast<int64_t>(options.Get("zero-prefetch-bucket"));
+  return b;
+}
+
+namespace {
+
+SimOptions ToSimOptions(const Options& options) {
+  SimOptions s;
+  s.interference = options.Get("interference");
+  s.all_ranks = options.all_ranks;
+  return s;
+}
+
+/// Verifies, simulates and summarizes a scheduled program.
+Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Options& options) {
+  std::vector<std::string> violations = VerifySchedule(sp.program, sp.schedule);
+  if (!violations.empty()) {
+    std::string msg = "schedule '" + sp.schedule.scheduler + "' fails verification (" +
+                      std::to_string(violations.size()) + " violations):";
+    for (size_t i = 0; i < violations.size() && i < 10; ++i) msg += "\n  " + violations[i];
+    return Status::Error(msg);
+  }
+  Result<Timeline> timeline = Simulate(sp, cost, ToSimOptions(options));
+  if (!timeline.ok()) return timeline.status();
+  RunResult run{std::move(sp), std::move(timeline).value(), {}};
+  run.summary = Summarize(run.scheduled, run.timeline, cost);
+  return run;
+}
+
+}  // namespace
+
+Result<RunResult> RunScheduler(const Program& program, const std::string& scheduler, const CostModel& cost,
+                               const Options& options, const PassHook& hook) {
+  if (hook) hook("read", program);
+  Result<ScheduledProgram> sp = RunBaseline(scheduler, program, cost, ToBaselineOptions(options));
+  if (!sp.ok()) return sp.status();
+  if (hook) hook("schedule", sp->program);
+  return Evaluate(std::move(sp).value(), cost, options);
+}
+
+Result<RunResult> RunGivenSchedule(const Program& program, const Schedule& schedule, const CostModel& cost,
+                                   const Options& options) {
+  return Evaluate(ScheduledProgram{program, schedule}, cost, options);
+}
+
+Result<std::vector<RunResult>> Compare(const Program& program, const std::vector<std::string>& schedulers,
+                                       const CostModel& cost, const Options& options,
+                                       const std::function<void(const std::string&)>& progress) {
+  std::vector<RunResult> runs;
+  for (const auto& name : schedulers) {
+    if (progress) progress("scheduling and simulating with '" + name + "'");
+    Result<RunResult> run = RunScheduler(program, name, cost, options);
+    if (!run.ok()) return Status::Error("scheduler '" + name + "': " + run.status().message());
+    runs.push_back(std::move(run).value());
+  }
+  return runs;
+}
+
+std::string CompareTable(const std::vector<RunResult>& runs, const std::string& title) {
+  std::string out = title + "\n";
+  out += fmt::format("{:<12} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10}\n", "scheduler", "iteration_ms",
+                     "vs_best", "exposed_comm_ms", "overlap", "T/LB", "fused_ops");
+  double best = 0;
+  for (const auto& r : runs)
+    if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us;
+  for (const auto& r : runs) {
+    const Summary& s = r.summary;
+    out += fmt::format("{:<12} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10}\n", s.scheduler,
+                       s.makespan_us / 1e3, s.makespan_us / best, s.exposed_comm_us / 1e3, 100 * s.overlap_ratio,
+                       s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0,
+                       r.scheduled.schedule.fusion_groups.size());
+  }
+  if (!runs.empty()) {
+    const LowerBound& lb = runs[0].summary.bound;
+    out += fmt::format("lower bound {:.3f} ms = max(critical path {:.3f} ms, busiest stream '{}' {:.3f} ms)\n",
+                       lb.lower_bound_us / 1e3, lb.critical_path_us / 1e3, lb.busiest_stream,
+                       lb.stream_load_us / 1e3);
+  }
+  return out;
+}
+
+nlohmann::json CompareJson(const std::vector<RunResult>& runs, const std::string& cluster) {
+  nlohmann::json j;
+  j["cluster"] = cluster;
+  j["results"] = nlohmann::json::array();
+  double best = 0;
+  std::string best_name;
+  for (const auto& r : runs) {
+    nlohmann::json s = SummaryJson(r.summary);
+    s.erase("critical_path");
+    s.erase("busy_us");
+    j["results"].push_back(s);
+    if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us, best_name = r.summary.scheduler;
+  }
+  j["best_scheduler"] = best_name;
+  j["best_makespan_us"] = best;
+  if (!runs.empty()) j["lower_bound_us"] = runs[0].summary.bound.lower_bound_us;
+  return j;
+}
+
+}  // namespace concerto

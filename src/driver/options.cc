@@ -1,0 +1,45 @@
+#include "concerto/driver/options.h"
+
+#include <cassert>
+#include <cmath>
+#include <fmt/format.h>
+
+namespace concerto {
+
+const std::vector<OptionSpec>& OptionTable() {
+  static const std::vector<OptionSpec> table = {
+      {"interference", "fraction", -1, -1, 10,
+       "compute slowdown while a collective is in flight (0.2 = 20% slower); -1 takes the cluster's value"},
+      {"ddp-first-bucket", "MiB", 1, 0.001, 1 << 20, "DDP: size of the first gradient bucket"},
+      {"ddp-bucket", "MiB", 25, 0.001, 1 << 20, "DDP: size of later gradient buckets"},
+      {"megatron-bucket", "parameters", 4e7, 1, 1e12,
+       "Megatron: minimum gradient bucket (the bucket is max(this, 1e6 x dp))"},
+      {"zero-reduce-bucket", "elements", 5e8, 1, 1e13, "ZeRO: reduce-scatter bucket size"},
+      {"zero-prefetch-bucket", "elements", 5e7, 1, 1e13, "ZeRO: all-gather prefetch bucket size"},
+  };
+  return table;
+}
+
+Options::Options() {
+  for (const auto& spec : OptionTable()) values_[spec.name] = spec.default_value;
+}
+
+Status Options::Set(const std::string& name, double value) {
+  for (const auto& spec : OptionTable()) {
+    if (spec.name != name) continue;
+    if (!std::isfinite(value) || value < spec.min_value || value > spec.max_value)
+      return Status::Error(fmt::format("option --{}: {} {} is out of range [{}, {}]", name, value, spec.unit,
+                                       spec.min_value, spec.max_value));
+    values_[name] = value;
+    return Status::Ok();
+  }
+  return Status::Error("unknown option --" + name);
+}
+
+double Options::Get(const std::string& name) const {
+  auto it = values_.find(name);
+  assert(it != values_.end() && "option missing from OptionTable");
+  return it->second;
+}
+
+}  // namespace concerto

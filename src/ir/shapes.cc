@@ -1,0 +1,502 @@
+// Shape rules of compute, copy and collective ops (docs/ir.md, "Compute
+// types"). Shapes are this rank's local shapes, as stored in the graph.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "concerto/ir/verifier.h"
+
+namespace concerto {
+namespace {
+
+using Shape = std::vector<int64_t>;
+
+/// "[8, 2048]".
+std::string ShapeText(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+/// Element count, saturating instead of overflowing.
+int64_t ElementCount(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d <= 0) return 0;
+    if (n > INT64_MAX / d) return INT64_MAX;
+    n *= d;
+  }
+  return n;
+}
+
+/// All dims but the last (the shape of a reduction over the last dim).
+Shape DropLast(const Shape& shape) {
+  return shape.empty() ? Shape{} : Shape(shape.begin(), shape.end() - 1);
+}
+
+bool IsIntegerDType(DType dtype) { return dtype == DType::kI32 || dtype == DType::kI64; }
+
+/// The operands of one op, with helpers that return a message or "".
+class Operands {
+ public:
+  Operands(const Op& op, const std::vector<const Tensor*>& in,
+           const std::vector<const Tensor*>& out)
+      : op_(op), in_(in), out_(out) {}
+
+  const Shape& In(size_t i) const { return in_[i]->shape; }
+  const Shape& Out(size_t i) const { return out_[i]->shape; }
+  const Tensor& InTensor(size_t i) const { return *in_[i]; }
+  const Tensor& OutTensor(size_t i) const { return *out_[i]; }
+  size_t NumIn() const { return in_.size(); }
+  size_t NumOut() const { return out_.size(); }
+
+  /// Readable name of input i, e.g. "input 1 'w' [1024, 512]".
+  std::string InName(size_t i) const { return Describe("input", i, *in_[i]); }
+  std::string OutName(size_t i) const { return Describe("output", i, *out_[i]); }
+
+  /// Exactly `n_in` inputs and `n_out` outputs.
+  std::string Counts(size_t n_in, size_t n_out) const {
+    if (in_.size() == n_in && out_.size() == n_out) return "";
+    return Type() + " takes " + std::to_string(n_in) + " input(s) and " +
+           std::to_string(n_out) + " output(s), got " + std::to_string(in_.size()) + " and " +
+           std::to_string(out_.size());
+  }
+  /// Input i has rank >= `min_rank` (or exactly `min_rank` when `exact`).
+  std::string InRank(size_t i, size_t min_rank, bool exact = false) const {
+    size_t r = In(i).size();
+    if (exact ? r == min_rank : r >= min_rank) return "";
+    return Type() + ": " + InName(i) + " must have rank " + (exact ? "" : ">= ") +
+           std::to_string(min_rank);
+  }
+  /// Output i has shape `want` (`why` explains where it comes from).
+  std::string OutIs(size_t i, const Shape& want, const std::string& why) const {
+    if (Out(i) == want) return "";
+    return Type() + ": " + OutName(i) + " must have shape " + ShapeText(want) + " (" + why + ")";
+  }
+  /// Input i has shape `want`.
+  std::string InIs(size_t i, const Shape& want, const std::string& why) const {
+    if (In(i) == want) return "";
+    return Type() + ": " + InName(i) + " must have shape " + ShapeText(want) + " (" + why + ")";
+  }
+  /// Input i has an integer dtype (ids, labels).
+  std::string InInteger(size_t i) const {
+    if (IsIntegerDType(in_[i]->dtype)) return "";
+    return Type() + ": " + InName(i) + " must have an integer dtype (i32 or i64), got " +
+           std::string(ToString(in_[i]->dtype));
+  }
+  /// Every input and output has the shape of input 0.
+  std::string AllSame() const {
+    for (size_t i = 1; i < in_.size(); ++i)
+      if (auto e = InIs(i, In(0), "same as input 0"); !e.empty()) return e;
+    for (size_t i = 0; i < out_.size(); ++i)
+      if (auto e = OutIs(i, In(0), "same as input 0"); !e.empty()) return e;
+    return "";
+  }
+  /// An integral attribute; `fallback` when absent; an error when not integral.
+  std::optional<int64_t> IntAttr(const std::string& key, std::optional<int64_t> fallback,
+                                 std::string* error) const {
+    auto it = op_.attrs.find(key);
+    if (it == op_.attrs.end()) {
+      if (!fallback) *error = Type() + ": missing attribute '" + key + "'";
+      return fallback;
+    }
+    double v = it->second;
+    if (!std::isfinite(v) || v != std::floor(v) || std::fabs(v) > 9.0e15) {
+      *error = Type() + ": attribute '" + key + "' must be an integer";
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(v);
+  }
+  std::string Type() const {
+    if (op_.kind == OpKind::kCompute) return std::string(ToString(op_.compute_type));
+    if (op_.kind == OpKind::kCollective) return std::string(ToString(op_.collective));
+    return std::string(ToString(op_.kind));
+  }
+
+ private:
+  static std::string Describe(const char* role, size_t i, const Tensor& t) {
+    return std::string(role) + " " + std::to_string(i) + " '" + t.name + "' " + ShapeText(t.shape);
+  }
+
+  const Op& op_;
+  const std::vector<const Tensor*>& in_;
+  const std::vector<const Tensor*>& out_;
+};
+
+/// Runs checks in order and keeps the first failure.
+#define CONCERTO_SHAPE_CHECK(expr)        \
+  do {                                    \
+    std::string _e = (expr);              \
+    if (!_e.empty()) return _e;           \
+  } while (0)
+
+/// (x...) -> (y...) with every tensor the shape of input 0.
+std::string CheckSameShapes(const Operands& o, size_t n_in, size_t n_out) {
+  CONCERTO_SHAPE_CHECK(o.Counts(n_in, n_out));
+  return o.AllSame();
+}
+
+/// A 0/1 transpose flag.
+std::optional<bool> TransposeAttr(const Operands& o, const std::string& key, std::string* error) {
+  auto v = o.IntAttr(key, 0, error);
+  if (!v) return std::nullopt;
+  if (*v != 0 && *v != 1) {
+    *error = o.Type() + ": attribute '" + key + "' must be 0 or 1";
+    return std::nullopt;
+  }
+  return *v == 1;
+}
+
+/// a [..., m, k] x b [..., k, n] (or 2-D b, broadcast) -> [..., m, n].
+std::string CheckMatmul(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 2));
+  CONCERTO_SHAPE_CHECK(o.InRank(1, 2));
+  std::string error;
+  auto ta = TransposeAttr(o, "transpose_a", &error);
+  auto tb = TransposeAttr(o, "transpose_b", &error);
+  if (!ta || !tb) return error;
+  const Shape& a = o.In(0);
+  const Shape& b = o.In(1);
+  const size_t ra = a.size(), rb = b.size();
+  int64_t m = *ta ? a[ra - 1] : a[ra - 2];
+  int64_t ka = *ta ? a[ra - 2] : a[ra - 1];
+  int64_t kb = *tb ? b[rb - 1] : b[rb - 2];
+  int64_t n = *tb ? b[rb - 2] : b[rb - 1];
+  Shape batch(a.begin(), a.end() - 2);
+  if (rb > 2 && Shape(b.begin(), b.end() - 2) != batch)
+    return "matmul: batch dimensions differ: " + o.InName(0) + " vs " + o.InName(1) +
+           " (b must be 2-D or have a's leading dims)";
+  if (ka != kb)
+    return "matmul: inner dimensions differ: " + o.InName(0) + " has k=" + std::to_string(ka) +
+           ", " + o.InName(1) + " has k=" + std::to_string(kb);
+  Shape c = batch;
+  c.push_back(m);
+  c.push_back(n);
+  return o.OutIs(0, c, "batch + [m, n]");
+}
+
+/// (x, y) -> x + y; y's shape is a suffix of x's.
+std::string CheckAdd(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  const Shape& x = o.In(0);
+  const Shape& y = o.In(1);
+  bool suffix = y.size() <= x.size() && std::equal(y.begin(), y.end(), x.end() - y.size());
+  if (!suffix)
+    return "add: " + o.InName(1) + " must equal " + o.InName(0) +
+           " or a suffix of it (broadcast over leading dims)";
+  return o.OutIs(0, x, "same as input 0");
+}
+
+/// (x, gamma[, beta]) -> y, normalizing over the last dim.
+std::string CheckNorm(const Operands& o, bool with_beta) {
+  CONCERTO_SHAPE_CHECK(o.Counts(with_beta ? 3 : 2, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 1));
+  Shape h = {o.In(0).back()};
+  CONCERTO_SHAPE_CHECK(o.InIs(1, h, "gamma is [last dim of x]"));
+  if (with_beta) CONCERTO_SHAPE_CHECK(o.InIs(2, h, "beta is [last dim of x]"));
+  return o.OutIs(0, o.In(0), "same as x");
+}
+
+/// (dy, x, gamma) -> (dx, dgamma[, dbeta]).
+std::string CheckNormGrad(const Operands& o, bool with_beta) {
+  CONCERTO_SHAPE_CHECK(o.Counts(3, with_beta ? 3 : 2));
+  CONCERTO_SHAPE_CHECK(o.InRank(1, 1));
+  const Shape& x = o.In(1);
+  Shape h = {x.back()};
+  CONCERTO_SHAPE_CHECK(o.InIs(0, x, "dy has x's shape"));
+  CONCERTO_SHAPE_CHECK(o.InIs(2, h, "gamma is [last dim of x]"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(0, x, "dx has x's shape"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(1, h, "dgamma has gamma's shape"));
+  if (with_beta) CONCERTO_SHAPE_CHECK(o.OutIs(2, h, "dbeta has gamma's shape"));
+  return "";
+}
+
+/// q [b, s, heads*d], k and v [b, s, kv_heads*d] starting at input `first`.
+std::string CheckQkv(const Operands& o, size_t first) {
+  for (size_t i = first; i < first + 3; ++i) CONCERTO_SHAPE_CHECK(o.InRank(i, 3, true));
+  std::string error;
+  auto heads = o.IntAttr("heads", std::nullopt, &error);
+  if (!heads) return error;
+  auto kv_heads = o.IntAttr("kv_heads", *heads, &error);
+  if (!kv_heads) return error;
+  if (*heads < 1 || *kv_heads < 1 || *heads % *kv_heads != 0)
+    return "attention: attributes heads=" + std::to_string(*heads) +
+           " and kv_heads=" + std::to_string(*kv_heads) +
+           " must be >= 1 with heads a multiple of kv_heads";
+  const Shape& q = o.In(first);
+  if (q[2] % *heads != 0)
+    return "attention: " + o.InName(first) + " last dim is not a multiple of heads=" +
+           std::to_string(*heads);
+  Shape kv = {q[0], q[1], *kv_heads * (q[2] / *heads)};
+  CONCERTO_SHAPE_CHECK(o.InIs(first + 1, kv, "k is [b, s, kv_heads*d]"));
+  return o.InIs(first + 2, kv, "v is [b, s, kv_heads*d]");
+}
+
+/// (q, k, v) -> o.
+std::string CheckAttention(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(3, 1));
+  CONCERTO_SHAPE_CHECK(CheckQkv(o, 0));
+  return o.OutIs(0, o.In(0), "o has q's shape");
+}
+
+/// (do, q, k, v) -> (dq, dk, dv).
+std::string CheckAttentionGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(4, 3));
+  CONCERTO_SHAPE_CHECK(CheckQkv(o, 1));
+  CONCERTO_SHAPE_CHECK(o.InIs(0, o.In(1), "do has q's shape"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(1), "dq has q's shape"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(1, o.In(2), "dk has k's shape"));
+  return o.OutIs(2, o.In(3), "dv has v's shape");
+}
+
+/// (table [V, h], ids [...]) -> [..., h].
+std::string CheckEmbedding(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 2, true));
+  CONCERTO_SHAPE_CHECK(o.InRank(1, 1));
+  CONCERTO_SHAPE_CHECK(o.InInteger(1));
+  Shape y = o.In(1);
+  y.push_back(o.In(0)[1]);
+  return o.OutIs(0, y, "ids shape + [h]");
+}
+
+/// (dy [..., h], ids [...]) -> dtable [V, h].
+std::string CheckEmbeddingGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 2));
+  CONCERTO_SHAPE_CHECK(o.InInteger(1));
+  CONCERTO_SHAPE_CHECK(o.InIs(1, DropLast(o.In(0)), "ids shape is dy shape without its last dim"));
+  const Shape& t = o.Out(0);
+  if (t.size() != 2 || t[1] != o.In(0).back())
+    return "embedding_grad: " + o.OutName(0) + " must be [V, " +
+           std::to_string(o.In(0).back()) + "] (h from dy)";
+  return "";
+}
+
+/// (x) -> max over the last dim.
+std::string CheckReduceMax(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(1, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 1));
+  return o.OutIs(0, DropLast(o.In(0)), "x without its last dim");
+}
+
+/// (x, m) -> sum(exp(x - m)) over the last dim.
+std::string CheckSumExp(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 1));
+  Shape r = DropLast(o.In(0));
+  CONCERTO_SHAPE_CHECK(o.InIs(1, r, "m is x without its last dim"));
+  return o.OutIs(0, r, "x without its last dim");
+}
+
+/// (logits [..., V], labels [...]) -> [...].
+std::string CheckGatherTarget(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 1));
+  CONCERTO_SHAPE_CHECK(o.InInteger(1));
+  Shape r = DropLast(o.In(0));
+  CONCERTO_SHAPE_CHECK(o.InIs(1, r, "labels are logits without the vocab dim"));
+  return o.OutIs(0, r, "logits without the vocab dim");
+}
+
+/// (m, z, target) -> a scalar ([] or [1]).
+std::string CheckCrossEntropy(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(3, 1));
+  CONCERTO_SHAPE_CHECK(o.InIs(1, o.In(0), "z has m's shape"));
+  CONCERTO_SHAPE_CHECK(o.InIs(2, o.In(0), "target has m's shape"));
+  if (!o.Out(0).empty() && o.Out(0) != Shape{1})
+    return "cross_entropy: " + o.OutName(0) + " must be a scalar ([] or [1])";
+  return "";
+}
+
+/// (logits [..., V], m, z, labels [...]) -> dlogits.
+std::string CheckCrossEntropyGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(4, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 1));
+  Shape r = DropLast(o.In(0));
+  for (size_t i = 1; i < 4; ++i)
+    CONCERTO_SHAPE_CHECK(o.InIs(i, r, "logits without the vocab dim"));
+  CONCERTO_SHAPE_CHECK(o.InInteger(3));
+  return o.OutIs(0, o.In(0), "same as logits");
+}
+
+/// (x) -> x[start:start+len] on attrs.axis, len from the output.
+std::string CheckSlice(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(1, 1));
+  std::string error;
+  auto axis = o.IntAttr("axis", std::nullopt, &error);
+  auto start = axis ? o.IntAttr("start", std::nullopt, &error) : std::nullopt;
+  if (!axis || !start) return error;
+  const Shape& x = o.In(0);
+  if (*axis < 0 || *axis >= static_cast<int64_t>(x.size()))
+    return "slice: attribute axis=" + std::to_string(*axis) + " is outside " + o.InName(0);
+  Shape y = o.Out(0);
+  if (y.size() != x.size())
+    return "slice: " + o.OutName(0) + " must have the rank of " + o.InName(0);
+  int64_t len = y[*axis];
+  auto want_len = o.IntAttr("len", len, &error);
+  if (!want_len) return error;
+  if (*want_len != len) return "slice: attribute len=" + std::to_string(*want_len) +
+                               " differs from " + o.OutName(0);
+  if (*start < 0 || *start > x[*axis] - len)
+    return "slice: [" + std::to_string(*start) + ", " + std::to_string(*start + len) +
+           ") is outside dim " + std::to_string(*axis) + " of " + o.InName(0);
+  y[*axis] = x[*axis];
+  if (y != x) return "slice: " + o.OutName(0) + " must match " + o.InName(0) +
+                     " except on axis " + std::to_string(*axis);
+  return "";
+}
+
+/// (x...) -> concat on attrs.axis.
+std::string CheckConcat(const Operands& o) {
+  if (o.NumIn() < 1 || o.NumOut() != 1)
+    return "concat takes >= 1 inputs and 1 output, got " + std::to_string(o.NumIn()) + " and " +
+           std::to_string(o.NumOut());
+  std::string error;
+  auto axis = o.IntAttr("axis", std::nullopt, &error);
+  if (!axis) return error;
+  Shape want = o.In(0);
+  if (*axis < 0 || *axis >= static_cast<int64_t>(want.size()))
+    return "concat: attribute axis=" + std::to_string(*axis) + " is outside " + o.InName(0);
+  for (size_t i = 1; i < o.NumIn(); ++i) {
+    Shape s = o.In(i);
+    if (s.size() != want.size())
+      return "concat: " + o.InName(i) + " must have the rank of " + o.InName(0);
+    int64_t along = s[*axis];
+    s[*axis] = want[*axis];
+    if (s != want)
+      return "concat: " + o.InName(i) + " must match " + o.InName(0) + " except on axis " +
+             std::to_string(*axis);
+    want[*axis] += along;
+  }
+  return o.OutIs(0, want, "inputs joined on axis " + std::to_string(*axis));
+}
+
+/// n inputs -> n outputs, pairwise the same number of elements (a row-major view).
+std::string CheckIdentity(const Operands& o) {
+  if (o.NumIn() != o.NumOut())
+    return "identity takes as many outputs as inputs, got " + std::to_string(o.NumIn()) +
+           " and " + std::to_string(o.NumOut());
+  for (size_t i = 0; i < o.NumIn(); ++i)
+    if (ElementCount(o.In(i)) != ElementCount(o.Out(i)))
+      return "identity: " + o.OutName(i) + " must have as many elements as " + o.InName(i);
+  return "";
+}
+
+/// Shape rule of one compute type.
+std::string CheckComputeType(const Operands& o, ComputeType type) {
+  switch (type) {
+    case ComputeType::kMatmul: return CheckMatmul(o);
+    case ComputeType::kAdd: return CheckAdd(o);
+    case ComputeType::kMul: return CheckSameShapes(o, 2, 1);
+    case ComputeType::kScale: return CheckSameShapes(o, 1, 1);
+    case ComputeType::kGelu: return CheckSameShapes(o, 1, 1);
+    case ComputeType::kGeluGrad: return CheckSameShapes(o, 2, 1);
+    case ComputeType::kSilu: return CheckSameShapes(o, 1, 1);
+    case ComputeType::kSiluGrad: return CheckSameShapes(o, 2, 1);
+    case ComputeType::kSwiglu: return CheckSameShapes(o, 2, 1);
+    case ComputeType::kSwigluGrad: return CheckSameShapes(o, 3, 2);
+    case ComputeType::kLayerNorm: return CheckNorm(o, true);
+    case ComputeType::kLayerNormGrad: return CheckNormGrad(o, true);
+    case ComputeType::kRmsNorm: return CheckNorm(o, false);
+    case ComputeType::kRmsNormGrad: return CheckNormGrad(o, false);
+    case ComputeType::kSoftmax: return CheckSameShapes(o, 1, 1);
+    case ComputeType::kSoftmaxGrad: return CheckSameShapes(o, 2, 1);
+    case ComputeType::kAttention: return CheckAttention(o);
+    case ComputeType::kAttentionGrad: return CheckAttentionGrad(o);
+    case ComputeType::kEmbedding: return CheckEmbedding(o);
+    case ComputeType::kEmbeddingGrad: return CheckEmbeddingGrad(o);
+    case ComputeType::kReduceMax: return CheckReduceMax(o);
+    case ComputeType::kSumExp: return CheckSumExp(o);
+    case ComputeType::kGatherTarget: return CheckGatherTarget(o);
+    case ComputeType::kCrossEntropy: return CheckCrossEntropy(o);
+    case ComputeType::kCrossEntropyGrad: return CheckCrossEntropyGrad(o);
+    case ComputeType::kAdam: return CheckSameShapes(o, 4, 3);
+    case ComputeType::kSlice: return CheckSlice(o);
+    case ComputeType::kConcat: return CheckConcat(o);
+    case ComputeType::kCast: return CheckSameShapes(o, 1, 1);
+    case ComputeType::kIdentity: return CheckIdentity(o);
+  }
+  return "unknown compute type";
+}
+
+/// Copy: n -> n, pairwise the same shape and dtype.
+std::string CheckCopy(const Operands& o) {
+  if (o.NumIn() != o.NumOut())
+    return "copy takes as many outputs as inputs, got " + std::to_string(o.NumIn()) + " and " +
+           std::to_string(o.NumOut());
+  for (size_t i = 0; i < o.NumIn(); ++i) {
+    CONCERTO_SHAPE_CHECK(o.OutIs(i, o.In(i), "same as input " + std::to_string(i)));
+  }
+  return "";
+}
+
+/// One input/output pair of a collective over `group_size` ranks.
+std::string CheckCollectivePair(const Operands& o, CollectiveType type, size_t i,
+                                int64_t group_size) {
+  const Shape& in = o.In(i);
+  const Shape& out = o.Out(i);
+  if (o.InTensor(i).dtype != o.OutTensor(i).dtype)
+    return o.Type() + ": " + o.OutName(i) + " must have the dtype of " + o.InName(i);
+  switch (type) {
+    case CollectiveType::kAllReduce:
+    case CollectiveType::kBroadcast:
+      return o.OutIs(i, in, "same as input " + std::to_string(i));
+    case CollectiveType::kAllToAll:
+      if (ElementCount(in) == ElementCount(out)) return "";
+      return "all_to_all: " + o.OutName(i) + " must have as many elements as " + o.InName(i);
+    case CollectiveType::kAllGather:
+    case CollectiveType::kReduceScatter: {
+      bool gather = type == CollectiveType::kAllGather;
+      const Shape& small = gather ? in : out;
+      const Shape& big = gather ? out : in;
+      if (small.size() == big.size()) {
+        if (group_size == 1 && small == big) return "";
+        for (size_t d = 0; d < small.size(); ++d) {
+          Shape scaled = small;
+          scaled[d] *= group_size;
+          if (scaled == big) return "";
+        }
+      }
+      return o.Type() + ": " + (gather ? o.OutName(i) : o.InName(i)) + " must be " +
+             (gather ? o.InName(i) : o.OutName(i)) + " with one dim multiplied by the group size " +
+             std::to_string(group_size);
+    }
+  }
+  return "unknown collective";
+}
+
+#undef CONCERTO_SHAPE_CHECK
+
+}  // namespace
+
+std::string CheckComputeShapes(const Op& op, const std::vector<const Tensor*>& inputs,
+                               const std::vector<const Tensor*>& outputs) {
+  Operands o(op, inputs, outputs);
+  if (op.kind == OpKind::kCopy) return CheckCopy(o);
+  if (op.kind != OpKind::kCompute) return "";
+  return CheckComputeType(o, op.compute_type);
+}
+
+std::string CheckCollectiveShapes(const Op& op, const std::vector<const Tensor*>& inputs,
+                                  const std::vector<const Tensor*>& outputs, int group_size) {
+  Operands o(op, inputs, outputs);
+  if (inputs.empty()) return o.Type() + ": a collective needs at least one input";
+  if (inputs.size() != outputs.size())
+    return o.Type() + ": takes as many outputs as inputs (pairwise), got " +
+           std::to_string(inputs.size()) + " and " + std::to_string(outputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string e = CheckCollectivePair(o, op.collective, i, group_size);
+    if (!e.empty()) return e;
+  }
+  return "";
+}
+
+}  // namespace concerto

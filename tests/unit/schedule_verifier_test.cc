@@ -1,0 +1,169 @@
+// The schedule verifier lists every violation: missing or repeated ops, a
+// dependency order broken on one stream, collectives issued in different
+// orders by different ranks, unmatched sends.
+#include <gtest/gtest.h>
+
+#include "concerto/schedule/schedule.h"
+
+namespace concerto {
+namespace {
+
+Tensor T(const std::string& name) { return Tensor{name, {4}, DType::kF32, {{}}, {}}; }
+
+Op Compute(int id, const std::string& name, std::vector<std::string> in, std::vector<std::string> out) {
+  Op op;
+  op.id = id;
+  op.name = name;
+  op.kind = OpKind::kCompute;
+  op.stream = "compute";
+  op.compute_type = ComputeType::kScale;
+  op.inputs = std::move(in);
+  op.outputs = std::move(out);
+  return op;
+}
+
+Op AllReduce(int id, const std::string& name, const std::string& in, const std::string& out, int64_t bytes) {
+  Op op;
+  op.id = id;
+  op.name = name;
+  op.kind = OpKind::kCollective;
+  op.stream = "comm";
+  op.collective = CollectiveType::kAllReduce;
+  op.group.axes = {"dp"};
+  op.inputs = {in};
+  op.outputs = {out};
+  op.message_bytes = bytes;
+  return op;
+}
+
+// a -> b -> c on compute; ar(b) on comm.
+Program Chain() {
+  Program p;
+  p.mesh.axes = {{"dp", 2}};
+  Graph g;
+  g.name = "main";
+  g.tensors = {T("x"), T("y"), T("z"), T("w"), T("s")};
+  g.ops = {Compute(0, "a", {"x"}, {"y"}), Compute(1, "b", {"y"}, {"z"}), AllReduce(2, "ar", "z", "s", 16),
+           Compute(3, "c", {"s"}, {"w"})};
+  p.graphs = {g};
+  p.roles = {{"spmd", "main", {0, 1}}};
+  return p;
+}
+
+bool Contains(const std::vector<std::string>& v, const std::string& needle) {
+  for (const auto& s : v)
+    if (s.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+TEST(ScheduleVerifier, ProgramOrderIsClean) {
+  Program p = Chain();
+  EXPECT_TRUE(VerifySchedule(p, ProgramOrderSchedule(p, "fifo")).empty());
+}
+
+TEST(ScheduleVerifier, MissingAndRepeatedOps) {
+  Program p = Chain();
+  Schedule s = ProgramOrderSchedule(p, "x");
+  s.roles[0].streams[0].op_ids = {0, 1, 1};  // c missing, b twice
+  auto v = VerifySchedule(p, s);
+  EXPECT_TRUE(Contains(v, "op 1 'b' is listed twice"));
+  EXPECT_TRUE(Contains(v, "op 3 'c' is missing from the schedule"));
+}
+
+TEST(ScheduleVerifier, DependencyOrderBrokenOnOneStream) {
+  Program p = Chain();
+  Schedule s = ProgramOrderSchedule(p, "x");
+  s.roles[0].streams[0].op_ids = {1, 0, 3};
+  auto v = VerifySchedule(p, s);
+  EXPECT_TRUE(Contains(v, "op 1 'b' runs before its dependency op 0 'a' on stream 'compute'"));
+}
+
+TEST(ScheduleVerifier, CrossStreamCycleIsADeadlock) {
+  // c waits for ar (data), and ar is listed after c on the compute stream
+  // only if moved there: put ar on compute after c -> c before its dependency.
+  Program p = Chain();
+  Schedule s = ProgramOrderSchedule(p, "x");
+  s.roles[0].streams[0].op_ids = {0, 1, 3, 2};
+  s.roles[0].streams[1].op_ids = {};
+  auto v = VerifySchedule(p, s);
+  EXPECT_TRUE(Contains(v, "op 3 'c' runs before its dependency op 2 'ar'"));
+}
+
+TEST(ScheduleVerifier, OnlyCommOpsMayMoveToCompute) {
+  Program p = Chain();
+  Schedule s = ProgramOrderSchedule(p, "x");
+  s.roles[0].streams[0].op_ids = {0, 3};
+  s.roles[0].streams[1].op_ids = {1, 2};
+  auto v = VerifySchedule(p, s);
+  EXPECT_TRUE(Contains(v, "op 1 'b' belongs on stream 'compute', not 'comm'"));
+}
+
+TEST(ScheduleVerifier, CollectivesInDifferentOrdersAcrossRoles) {
+  // Two roles (one rank each) issue two all-reduces of different sizes on the
+  // same group in opposite orders: a real run would hang.
+  Program p;
+  p.mesh.axes = {{"dp", 2}};
+  for (int r = 0; r < 2; ++r) {
+    Graph g;
+    g.name = "g" + std::to_string(r);
+    g.tensors = {T("x"), T("y"), T("u"), T("v")};
+    Op first = AllReduce(0, "ar_small", "x", "y", 16);
+    Op second = AllReduce(1, "ar_big", "u", "v", 64);
+    if (r == 1) std::swap(first.id, second.id);
+    g.ops = r == 0 ? std::vector<Op>{first, second} : std::vector<Op>{second, first};
+    p.graphs.push_back(g);
+    p.roles.push_back({"r" + std::to_string(r), g.name, {r}});
+  }
+  auto v = VerifySchedule(p, ProgramOrderSchedule(p, "x"));
+  EXPECT_TRUE(Contains(v, "collective order differs on group {0,1,}")) << (v.empty() ? "" : v[0]);
+}
+
+TEST(ScheduleVerifier, UnmatchedSend) {
+  Program p;
+  p.mesh.axes = {{"pp", 2}};
+  Graph g0;
+  g0.name = "s0";
+  g0.tensors = {T("h")};
+  Op send;
+  send.id = 0;
+  send.name = "send_h";
+  send.kind = OpKind::kSend;
+  send.stream = "comm";
+  send.peer.axis = "pp";
+  send.peer.offset = 1;
+  send.inputs = {"h"};
+  g0.ops = {send};
+  Graph g1;
+  g1.name = "s1";
+  p.graphs = {g0, g1};
+  p.roles = {{"s0", "s0", {0}}, {"s1", "s1", {1}}};
+  auto v = VerifySchedule(p, ProgramOrderSchedule(p, "x"));
+  EXPECT_TRUE(Contains(v, "unmatched send op 0 'send_h': rank 0 sends 1 messages to rank 1 (tag 0) and it receives 0"))
+      << (v.empty() ? "" : v[0]);
+}
+
+TEST(ScheduleVerifier, UnknownRoleAndStream) {
+  Program p = Chain();
+  Schedule s = ProgramOrderSchedule(p, "x");
+  s.roles[0].streams[1].stream = "nccl";
+  s.roles.push_back({"ghost", {}});
+  auto v = VerifySchedule(p, s);
+  EXPECT_TRUE(Contains(v, "schedule names unknown role 'ghost'"));
+  EXPECT_TRUE(Contains(v, "unknown stream 'nccl'"));
+}
+
+TEST(ScheduleVerifier, JsonRoundTrip) {
+  Program p = Chain();
+  Schedule s = ProgramOrderSchedule(p, "fifo");
+  s.fusion_groups.push_back({"spmd", 9, {1, 2}});
+  std::string text = WriteSchedule(s);
+  Result<Schedule> back = ParseSchedule(text, "s.json");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(WriteSchedule(*back), text);
+  Result<Schedule> bad = ParseSchedule("{\"format\": \"concerto-schedule\"}", "bad.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(), "bad.json: missing field 'scheduler'");
+}
+
+}  // namespace
+}  // namespace concerto
