@@ -21,6 +21,8 @@ namespace {
 constexpr size_t kMaxReportedViolations = 20;
 /// The most send/recv pairing lines VerifyProgram lists.
 constexpr size_t kMaxPairingViolations = 20;
+/// The most ops a cycle message spells out.
+constexpr int kMaxCycleOps = 12;
 /// Largest element count of a tensor (keeps byte counts far from overflow).
 constexpr int64_t kMaxElements = int64_t{1} << 56;
 
@@ -316,8 +318,14 @@ class GraphVerifier {
     }
     // path[k + 1] is a predecessor of path[k]: print it backwards.
     std::string text = OpLabel(g_.ops[cur]);
-    for (int k = static_cast<int>(path.size()) - 1; k > pos[cur]; --k)
+    const int last = static_cast<int>(path.size()) - 1;
+    for (int k = last; k > pos[cur]; --k) {
+      if (last - k == kMaxCycleOps) {
+        text += " -> ... (" + std::to_string(k - pos[cur]) + " more)";
+        break;
+      }
       text += " -> " + OpLabel(g_.ops[path[k]]);
+    }
     return text + " -> " + OpLabel(g_.ops[cur]);
   }
 

@@ -64,15 +64,27 @@ int NodeOf(int op_index, const std::vector<int>& group_of, int n_groups) {
   return group_of[op_index] >= 0 ? group_of[op_index] : n_groups + op_index;
 }
 
+/// True when op index `to` reads a tensor that op index `from` produces.
+bool DataEdge(const Graph& graph, const GraphIndex& index, int from, int to) {
+  for (const auto& name : graph.ops[to].inputs) {
+    auto it = index.tensor.find(name);
+    if (it != index.tensor.end() && index.producer[it->second] == from) return true;
+  }
+  return false;
+}
+
 /// Looks for a path from one member of `group` to another (the reason a
-/// fusion would create a cycle). Fills `from`/`to` with op ids when found.
+/// fusion would create a cycle). Fills `from`/`to` with op ids when found. A
+/// direct control dep between two members is no such path: fusion drops it.
 bool FindMemberPath(const Graph& graph, const GraphIndex& index, const std::vector<int>& group,
                     int& from, int& to) {
   std::set<int> members;
   for (int id : group) members.insert(index.op.at(id));
   for (int start : members) {
     std::vector<char> seen(graph.ops.size(), 0);
-    std::vector<int> stack(index.succs[start].begin(), index.succs[start].end());
+    std::vector<int> stack;
+    for (int s : index.succs[start])
+      if (!members.count(s) || DataEdge(graph, index, start, s)) stack.push_back(s);
     while (!stack.empty()) {
       int v = stack.back();
       stack.pop_back();
@@ -114,7 +126,10 @@ Status CheckAcyclicAfterFusion(const Graph& graph, const GraphIndex& index,
   for (int i = 0; i < n; ++i) {
     for (int s : index.succs[i]) {
       int a = NodeOf(i, group_of, g), b = NodeOf(s, group_of, g);
-      if (a == b) return CycleError(graph, index, groups, a);  // member feeds member
+      if (a == b) {
+        if (DataEdge(graph, index, i, s)) return CycleError(graph, index, groups, a);
+        continue;  // a control dep between two members: dropped by the fusion
+      }
       succ[a].push_back(b);
       ++indegree[b];
     }

@@ -119,7 +119,8 @@ TEST(FusionTest, FusesTwoAllReducesIntoOneOp) {
   EXPECT_EQ(f.tags.layer, 0);  // from the last member
   EXPECT_EQ(f.tags.phase, Phase::kBackward);
   EXPECT_EQ(f.tags.purpose, "grad_sync");
-  // Member control deps carried over, the one between members dropped.
+  // Member control deps carried over; the direct one between members
+  // (ar2 after ar1) is dropped: the fused op runs them together.
   EXPECT_EQ(f.control_deps, (std::vector<int>{0, 1}));
   // The marker's two deps on members became one dep on the fused op.
   EXPECT_EQ(b.g.ops[IndexOf(b.g, 5)].control_deps, std::vector<int>{6});
@@ -206,12 +207,19 @@ TEST(FusionTest, RejectsAMemberThatDependsOnAnother) {
   b.Scale("mid", "r1", "y");    // 1
   b.Coll("ar2", "y", "r2");     // 2
   ExpectRejected(b, {{0, 2}}, "op 2 depends on the output of op 0");
-  // A control dep closes the same kind of cycle.
+  // A control dep on the way closes the same kind of cycle.
   Builder c;
-  for (const char* t : {"x", "r1", "r2"}) c.Tensor1(t, 10);
-  c.Coll("ar1", "x", "r1");
-  c.Coll("ar2", "x", "r2").control_deps = {0};
-  ExpectRejected(c, {{0, 1}}, "would create a cycle");
+  for (const char* t : {"x", "r1", "y", "r2"}) c.Tensor1(t, 10);
+  c.Coll("ar1", "x", "r1");                            // 0
+  c.Scale("mid", "x", "y").control_deps = {0};         // 1
+  c.Coll("ar2", "y", "r2");                            // 2
+  ExpectRejected(c, {{0, 2}}, "op 2 depends on the output of op 0");
+  // A member reading another member's output directly.
+  Builder d;
+  for (const char* t : {"x", "r1", "r2"}) d.Tensor1(t, 10);
+  d.Coll("ar1", "x", "r1");
+  d.Coll("ar2", "r1", "r2");
+  ExpectRejected(d, {{0, 1}}, "would create a cycle");
 }
 
 TEST(FusionTest, RejectsGroupsThatFormACycleTogether) {
