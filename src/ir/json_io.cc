@@ -6,13 +6,12 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
-#include <span>
+#include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <sstream>
 #include <string_view>
 #include <unordered_map>
-
-#include <nlohmann/json.hpp>
 
 #include "concerto/ir/verifier.h"
 
@@ -26,7 +25,9 @@ constexpr std::string_view kFormat = "concerto-ir";
 constexpr int kVersion = 1;
 /// Stands in for a number that overflowed to infinity (JSON escape form and value).
 constexpr std::string_view kOverflowEscaped = "\\u0001concerto:non-finite-number";
-constexpr std::string_view kOverflowValue = "\x01" "concerto:non-finite-number";
+constexpr std::string_view kOverflowValue =
+    "\x01"
+    "concerto:non-finite-number";
 /// Containers up to this many columns are written on one line.
 constexpr size_t kLineWidth = 100;
 /// Doubles below this magnitude that are integral are written as integers.
@@ -130,25 +131,20 @@ Status ParseJsonText(const std::string& text, const std::string& source, json* r
 using FieldList = std::span<const std::string_view>;
 
 /// Field lists per object kind (unknown fields are rejected: they are typos).
-constexpr std::string_view kProgramFields[] = {
-    "format", "version", "name", "mesh", "graphs", "roles"};
+constexpr std::string_view kProgramFields[] = {"format", "version", "name",
+                                               "mesh",   "graphs",  "roles"};
 constexpr std::string_view kMeshFields[] = {"axes"};
 constexpr std::string_view kAxisFields[] = {"name", "size"};
-constexpr std::string_view kGraphFields[] = {"name", "streams", "tensors",
-                                                                  "ops"};
-constexpr std::string_view kTensorFields[] = {"name", "shape", "dtype",
-                                                                   "sharding", "partial"};
+constexpr std::string_view kGraphFields[] = {"name", "streams", "tensors", "ops"};
+constexpr std::string_view kTensorFields[] = {"name", "shape", "dtype", "sharding", "partial"};
 constexpr std::string_view kRoleFields[] = {"name", "graph", "ranks"};
-constexpr std::string_view kTagFields[] = {"phase", "layer", "microbatch",
-                                                                "purpose"};
+constexpr std::string_view kTagFields[] = {"phase", "layer", "microbatch", "purpose"};
 constexpr std::string_view kOpCommonFields[] = {
-    "id", "name", "kind", "stream", "inputs", "outputs", "control_deps", "duration_us", "tags",
-    "fused_from"};
-constexpr std::string_view kComputeFields[] = {"type", "attrs", "flops",
-                                                                    "bytes"};
+    "id",      "name",         "kind",        "stream", "inputs",
+    "outputs", "control_deps", "duration_us", "tags",   "fused_from"};
+constexpr std::string_view kComputeFields[] = {"type", "attrs", "flops", "bytes"};
 constexpr std::string_view kCopyFields[] = {"bytes"};
-constexpr std::string_view kCollectiveFields[] = {"collective", "reduce",
-                                                                       "group", "bytes"};
+constexpr std::string_view kCollectiveFields[] = {"collective", "reduce", "group", "bytes"};
 constexpr std::string_view kP2pFields[] = {"peer", "tag", "bytes"};
 constexpr std::string_view kPeerAxisFields[] = {"axis", "offset"};
 
@@ -230,8 +226,8 @@ class Reader {
   /// Checks the JSON type of a value.
   Status Expect(const json& v, JType type, const std::string& where, const std::string& field) {
     if (IsOverflow(v)) {
-      Status st = Fail(where, field, "non-finite number '" + overflow_->token +
-                                         "' (overflows a double)");
+      Status st =
+          Fail(where, field, "non-finite number '" + overflow_->token + "' (overflows a double)");
       overflow_.reset();
       return st;
     }
@@ -255,8 +251,7 @@ class Reader {
   }
 
   /// Rejects keys of `obj` outside `allowed`.
-  Status CheckFields(const json& obj, FieldList allowed,
-                     const std::string& where) {
+  Status CheckFields(const json& obj, FieldList allowed, const std::string& where) {
     for (const auto& item : obj.items())
       if (!Contains(allowed, item.key())) return Fail(where, item.key(), "unknown field");
     return Status::Ok();
@@ -286,15 +281,15 @@ class Reader {
   Status IntValue(const json& v, const std::string& where, const std::string& field, int64_t lo,
                   int64_t hi, int64_t* out) {
     CONCERTO_RETURN_IF_ERROR(Expect(v, JType::kInteger, where, field));
-    bool too_big = v.is_number_unsigned() &&
-                   v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
-    int64_t x = too_big ? INT64_MAX
-                        : (v.is_number_float() ? static_cast<int64_t>(v.get<double>())
-                                               : v.get<int64_t>());
+    bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX);
+    int64_t x =
+        too_big ? INT64_MAX
+                : (v.is_number_float() ? static_cast<int64_t>(v.get<double>()) : v.get<int64_t>());
     if (lo >= 0 && x < 0) return Fail(where, field, "negative value " + std::to_string(x));
     if (too_big || x < lo || x > hi)
-      return Fail(where, field, "value " + v.dump() + " is outside [" + std::to_string(lo) +
-                                    ", " + std::to_string(hi) + "]");
+      return Fail(where, field,
+                  "value " + v.dump() + " is outside [" + std::to_string(lo) + ", " +
+                      std::to_string(hi) + "]");
     *out = x;
     return Status::Ok();
   }
@@ -323,6 +318,11 @@ class Reader {
     return Status::Ok();
   }
 
+  /// "inputs[2]".
+  static std::string ElementField(const char* key, size_t i) {
+    return std::string(key) + "[" + std::to_string(i) + "]";
+  }
+
   /// An array member of strings.
   Status GetStringList(const json& obj, const char* key, const std::string& where,
                        std::vector<std::string>* out) {
@@ -332,9 +332,10 @@ class Reader {
     out->clear();
     out->reserve(v->size());
     for (size_t i = 0; i < v->size(); ++i) {
-      std::string field = std::string(key) + "[" + std::to_string(i) + "]";
-      CONCERTO_RETURN_IF_ERROR(Expect((*v)[i], JType::kString, where, field));
-      out->push_back((*v)[i].get<std::string>());
+      const json& item = (*v)[i];
+      if (!item.is_string() || IsOverflow(item))
+        return Expect(item, JType::kString, where, ElementField(key, i));
+      out->push_back(item.get<std::string>());
     }
     return Status::Ok();
   }
@@ -349,9 +350,14 @@ class Reader {
     out->clear();
     out->reserve(v->size());
     for (size_t i = 0; i < v->size(); ++i) {
-      int64_t x = 0;
-      std::string field = std::string(key) + "[" + std::to_string(i) + "]";
-      CONCERTO_RETURN_IF_ERROR(IntValue((*v)[i], where, field, lo, hi, &x));
+      const json& item = (*v)[i];
+      bool plain =
+          item.is_number_integer() &&
+          (!item.is_number_unsigned() || item.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX));
+      int64_t x = plain ? item.get<int64_t>() : 0;
+      if (!plain || x < lo || x > hi) {  // slow path: the exact message
+        CONCERTO_RETURN_IF_ERROR(IntValue(item, where, ElementField(key, i), lo, hi, &x));
+      }
       out->push_back(static_cast<Int>(x));
     }
     return Status::Ok();
@@ -375,7 +381,8 @@ class Reader {
 
   Status ReadProgram(const json& root, Program* p) {
     if (IsOverflow(root) || !root.is_object())
-      return Fail("", "", std::string("the document must be an object, got ") + ValueTypeName(root));
+      return Fail("", "",
+                  std::string("the document must be an object, got ") + ValueTypeName(root));
     CONCERTO_RETURN_IF_ERROR(CheckFields(root, kProgramFields, ""));
     CONCERTO_RETURN_IF_ERROR(ReadHeader(root));
     CONCERTO_RETURN_IF_ERROR(GetString(root, "name", "", false, &p->name));
@@ -401,9 +408,9 @@ class Reader {
     int64_t version = 0;
     CONCERTO_RETURN_IF_ERROR(GetInt(root, "version", "", true, INT64_MIN, INT64_MAX, &version));
     if (version != kVersion)
-      return Fail("", "version", "unsupported version " + std::to_string(version) +
-                                     " (this reader reads version " +
-                                     std::to_string(kVersion) + ")");
+      return Fail("", "version",
+                  "unsupported version " + std::to_string(version) +
+                      " (this reader reads version " + std::to_string(kVersion) + ")");
     return Status::Ok();
   }
 
@@ -417,7 +424,8 @@ class Reader {
     for (size_t i = 0; i < axes->size(); ++i) {
       const json& a = (*axes)[i];
       std::string where = "mesh: axis " + std::to_string(i);
-      CONCERTO_RETURN_IF_ERROR(Expect(a, JType::kObject, "mesh", "axes[" + std::to_string(i) + "]"));
+      CONCERTO_RETURN_IF_ERROR(
+          Expect(a, JType::kObject, "mesh", "axes[" + std::to_string(i) + "]"));
       CONCERTO_RETURN_IF_ERROR(CheckFields(a, kAxisFields, where));
       MeshAxis axis;
       CONCERTO_RETURN_IF_ERROR(GetString(a, "name", where, true, &axis.name));
@@ -434,7 +442,8 @@ class Reader {
   }
 
   Status ReadGraph(const json& j, size_t index, Graph* g) {
-    CONCERTO_RETURN_IF_ERROR(Expect(j, JType::kObject, "", "graphs[" + std::to_string(index) + "]"));
+    CONCERTO_RETURN_IF_ERROR(
+        Expect(j, JType::kObject, "", "graphs[" + std::to_string(index) + "]"));
     std::string where = "graphs[" + std::to_string(index) + "]";
     CONCERTO_RETURN_IF_ERROR(GetString(j, "name", where, true, &g->name));
     where = "graph '" + g->name + "'";
@@ -460,8 +469,8 @@ class Reader {
 
   Status ReadTensor(const json& j, const std::string& graph_where, size_t index, Tensor* t) {
     std::string where = graph_where + ": tensors[" + std::to_string(index) + "]";
-    CONCERTO_RETURN_IF_ERROR(Expect(j, JType::kObject, graph_where,
-                                    "tensors[" + std::to_string(index) + "]"));
+    CONCERTO_RETURN_IF_ERROR(
+        Expect(j, JType::kObject, graph_where, "tensors[" + std::to_string(index) + "]"));
     CONCERTO_RETURN_IF_ERROR(GetString(j, "name", where, true, &t->name));
     where = graph_where + ": tensor '" + t->name + "'";
     CONCERTO_RETURN_IF_ERROR(CheckFields(j, kTensorFields, where));
@@ -504,8 +513,8 @@ class Reader {
   Status ReadOp(const json& j, const std::string& graph_where, size_t index,
                 const std::unordered_map<std::string_view, const Tensor*>& tensors, Op* op) {
     std::string where = graph_where + ": ops[" + std::to_string(index) + "]";
-    CONCERTO_RETURN_IF_ERROR(Expect(j, JType::kObject, graph_where,
-                                    "ops[" + std::to_string(index) + "]"));
+    CONCERTO_RETURN_IF_ERROR(
+        Expect(j, JType::kObject, graph_where, "ops[" + std::to_string(index) + "]"));
     CONCERTO_RETURN_IF_ERROR(GetInt(j, "id", where, true, 0, INT32_MAX, &op->id));
     CONCERTO_RETURN_IF_ERROR(GetString(j, "name", where, false, &op->name));
     where = graph_where + ": " + OpLabel(*op);
@@ -542,8 +551,8 @@ class Reader {
     CONCERTO_RETURN_IF_ERROR(GetString(j, "stream", where, false, &op->stream));
     CONCERTO_RETURN_IF_ERROR(GetStringList(j, "inputs", where, &op->inputs));
     CONCERTO_RETURN_IF_ERROR(GetStringList(j, "outputs", where, &op->outputs));
-    CONCERTO_RETURN_IF_ERROR(GetIntList(j, "control_deps", where, INT32_MIN, INT32_MAX,
-                                        &op->control_deps));
+    CONCERTO_RETURN_IF_ERROR(
+        GetIntList(j, "control_deps", where, INT32_MIN, INT32_MAX, &op->control_deps));
     if (const json* d = Member(j, "duration_us"); d && !d->is_null()) {
       double us = 0;
       CONCERTO_RETURN_IF_ERROR(GetAmount(j, "duration_us", where, &us));
@@ -561,14 +570,13 @@ class Reader {
     const std::string tw = where + ": tags";
     CONCERTO_RETURN_IF_ERROR(GetEnum(*t, "phase", tw, false, ParsePhase, "phase", &tags->phase));
     CONCERTO_RETURN_IF_ERROR(GetInt(*t, "layer", tw, false, -1, INT32_MAX, &tags->layer));
-    CONCERTO_RETURN_IF_ERROR(GetInt(*t, "microbatch", tw, false, -1, INT32_MAX,
-                                    &tags->microbatch));
+    CONCERTO_RETURN_IF_ERROR(GetInt(*t, "microbatch", tw, false, -1, INT32_MAX, &tags->microbatch));
     return GetString(*t, "purpose", tw, false, &tags->purpose);
   }
 
   Status ReadCompute(const json& j, const std::string& where, Op* op) {
-    CONCERTO_RETURN_IF_ERROR(GetEnum(j, "type", where, true, ParseComputeType, "compute type",
-                                     &op->compute_type));
+    CONCERTO_RETURN_IF_ERROR(
+        GetEnum(j, "type", where, true, ParseComputeType, "compute type", &op->compute_type));
     if (const json* attrs = Member(j, "attrs")) {
       CONCERTO_RETURN_IF_ERROR(Expect(*attrs, JType::kObject, where, "attrs"));
       for (const auto& item : attrs->items()) {
@@ -599,7 +607,8 @@ class Reader {
     int64_t total = 0;
     for (const auto& name : names) {
       auto it = tensors.find(name);
-      if (it != tensors.end()) total = std::min(total + SaturatedBytes(*it->second), int64_t{1} << 60);
+      if (it != tensors.end())
+        total = std::min(total + SaturatedBytes(*it->second), int64_t{1} << 60);
     }
     return total;
   }
@@ -607,10 +616,10 @@ class Reader {
   Status ReadCollective(const json& j, const std::string& where,
                         const std::unordered_map<std::string_view, const Tensor*>& tensors,
                         Op* op) {
-    CONCERTO_RETURN_IF_ERROR(GetEnum(j, "collective", where, true, ParseCollectiveType,
-                                     "collective", &op->collective));
-    CONCERTO_RETURN_IF_ERROR(GetEnum(j, "reduce", where, false, ParseReduceOp, "reduce op",
-                                     &op->reduce));
+    CONCERTO_RETURN_IF_ERROR(
+        GetEnum(j, "collective", where, true, ParseCollectiveType, "collective", &op->collective));
+    CONCERTO_RETURN_IF_ERROR(
+        GetEnum(j, "reduce", where, false, ParseReduceOp, "reduce op", &op->reduce));
     const json* group = Member(j, "group");
     if (!group) return Missing(where, "group");
     CONCERTO_RETURN_IF_ERROR(ReadGroup(*group, where, &op->group));
@@ -626,8 +635,8 @@ class Reader {
     if (axes == ranks || g.size() != 1)
       return Fail(where, "group", "needs exactly one of 'axes' or 'ranks'");
     if (axes) return GetStringList(g, "axes", where + ": group", &group->axes);
-    CONCERTO_RETURN_IF_ERROR(GetIntList(g, "ranks", where + ": group", INT32_MIN, INT32_MAX,
-                                        &group->ranks));
+    CONCERTO_RETURN_IF_ERROR(
+        GetIntList(g, "ranks", where + ": group", INT32_MIN, INT32_MAX, &group->ranks));
     if (group->ranks.empty()) return Fail(where, "group", "empty rank list");
     return Status::Ok();
   }
@@ -820,33 +829,27 @@ ojson ProgramJson(const Program& p) {
   return j;
 }
 
-/// A scalar as JSON text (invalid UTF-8 replaced, never thrown).
+/// True when `s` can be written between quotes as is (plain printable ASCII).
+bool IsPlainAscii(const std::string& s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return c >= 0x20 && c < 0x7f && c != '"' && c != '\\'; });
+}
+
+/// A scalar as JSON text (invalid UTF-8 replaced, never thrown). Integers and
+/// plain strings take a fast path: the writer emits millions of them.
 std::string ScalarText(const ojson& j) {
+  if (j.is_number_integer()) return std::to_string(j.get<int64_t>());
+  if (j.is_string() && IsPlainAscii(j.get_ref<const std::string&>()))
+    return "\"" + j.get_ref<const std::string&>() + "\"";
   return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
-/// Adds the one-line length of `j` to `*len`; false once it exceeds `budget`.
-bool InlineLength(const ojson& j, size_t budget, size_t* len) {
-  if (!j.is_structured()) {
-    *len += ScalarText(j).size();
-    return *len <= budget;
-  }
-  *len += 2;
-  bool first = true;
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    *len += first ? 0 : 2;
-    first = false;
-    if (j.is_object()) *len += ScalarText(ojson(it.key())).size() + 2;
-    if (*len > budget || !InlineLength(it.value(), budget, len)) return false;
-  }
-  return *len <= budget;
-}
-
-/// One-line form: {"a": 1, "b": [1, 2]}.
-void WriteInline(const ojson& j, std::string* out) {
+/// Appends the one-line form of `j` ({"a": 1, "b": [1, 2]}) to `out`;
+/// false (with `out` partly written) once it grows past `limit` bytes.
+bool AppendInline(const ojson& j, size_t limit, std::string* out) {
   if (!j.is_structured()) {
     *out += ScalarText(j);
-    return;
+    return out->size() <= limit;
   }
   *out += j.is_object() ? '{' : '[';
   bool first = true;
@@ -854,9 +857,10 @@ void WriteInline(const ojson& j, std::string* out) {
     if (!first) *out += ", ";
     first = false;
     if (j.is_object()) *out += ScalarText(ojson(it.key())) + ": ";
-    WriteInline(it.value(), out);
+    if (out->size() > limit || !AppendInline(it.value(), limit, out)) return false;
   }
   *out += j.is_object() ? '}' : ']';
+  return out->size() <= limit;
 }
 
 bool AllScalars(const ojson& j) {
@@ -866,12 +870,13 @@ bool AllScalars(const ojson& j) {
 /// Indented form: containers that fit in kLineWidth from `column`, and
 /// arrays of scalars, stay on one line; the rest get one member per line.
 void WritePretty(const ojson& j, size_t indent, size_t column, std::string* out) {
-  size_t len = 0;
-  if (!j.is_structured() || j.empty() || (j.is_array() && AllScalars(j)) ||
-      (column <= kLineWidth && InlineLength(j, kLineWidth - column, &len))) {
-    WriteInline(j, out);
+  if (!j.is_structured() || j.empty() || (j.is_array() && AllScalars(j))) {
+    AppendInline(j, SIZE_MAX, out);
     return;
   }
+  const size_t mark = out->size();
+  if (column <= kLineWidth && AppendInline(j, mark + (kLineWidth - column), out)) return;
+  out->resize(mark);
   const std::string pad(indent + 2, ' ');
   *out += j.is_object() ? "{\n" : "[\n";
   bool first = true;

@@ -63,9 +63,8 @@ class Operands {
   /// Exactly `n_in` inputs and `n_out` outputs.
   std::string Counts(size_t n_in, size_t n_out) const {
     if (in_.size() == n_in && out_.size() == n_out) return "";
-    return Type() + " takes " + std::to_string(n_in) + " input(s) and " +
-           std::to_string(n_out) + " output(s), got " + std::to_string(in_.size()) + " and " +
-           std::to_string(out_.size());
+    return Type() + " takes " + std::to_string(n_in) + " input(s) and " + std::to_string(n_out) +
+           " output(s), got " + std::to_string(in_.size()) + " and " + std::to_string(out_.size());
   }
   /// Input i has rank >= `min_rank` (or exactly `min_rank` when `exact`).
   std::string InRank(size_t i, size_t min_rank, bool exact = false) const {
@@ -130,10 +129,10 @@ class Operands {
 };
 
 /// Runs checks in order and keeps the first failure.
-#define CONCERTO_SHAPE_CHECK(expr)        \
-  do {                                    \
-    std::string _e = (expr);              \
-    if (!_e.empty()) return _e;           \
+#define CONCERTO_SHAPE_CHECK(expr) \
+  do {                             \
+    std::string _e = (expr);       \
+    if (!_e.empty()) return _e;    \
   } while (0)
 
 /// (x...) -> (y...) with every tensor the shape of input 0.
@@ -232,8 +231,8 @@ std::string CheckQkv(const Operands& o, size_t first) {
            " must be >= 1 with heads a multiple of kv_heads";
   const Shape& q = o.In(first);
   if (q[2] % *heads != 0)
-    return "attention: " + o.InName(first) + " last dim is not a multiple of heads=" +
-           std::to_string(*heads);
+    return "attention: " + o.InName(first) +
+           " last dim is not a multiple of heads=" + std::to_string(*heads);
   Shape kv = {q[0], q[1], *kv_heads * (q[2] / *heads)};
   CONCERTO_SHAPE_CHECK(o.InIs(first + 1, kv, "k is [b, s, kv_heads*d]"));
   return o.InIs(first + 2, kv, "v is [b, s, kv_heads*d]");
@@ -275,8 +274,8 @@ std::string CheckEmbeddingGrad(const Operands& o) {
   CONCERTO_SHAPE_CHECK(o.InIs(1, DropLast(o.In(0)), "ids shape is dy shape without its last dim"));
   const Shape& t = o.Out(0);
   if (t.size() != 2 || t[1] != o.In(0).back())
-    return "embedding_grad: " + o.OutName(0) + " must be [V, " +
-           std::to_string(o.In(0).back()) + "] (h from dy)";
+    return "embedding_grad: " + o.OutName(0) + " must be [V, " + std::to_string(o.In(0).back()) +
+           "] (h from dy)";
   return "";
 }
 
@@ -321,8 +320,7 @@ std::string CheckCrossEntropyGrad(const Operands& o) {
   CONCERTO_SHAPE_CHECK(o.Counts(4, 1));
   CONCERTO_SHAPE_CHECK(o.InRank(0, 1));
   Shape r = DropLast(o.In(0));
-  for (size_t i = 1; i < 4; ++i)
-    CONCERTO_SHAPE_CHECK(o.InIs(i, r, "logits without the vocab dim"));
+  for (size_t i = 1; i < 4; ++i) CONCERTO_SHAPE_CHECK(o.InIs(i, r, "logits without the vocab dim"));
   CONCERTO_SHAPE_CHECK(o.InInteger(3));
   return o.OutIs(0, o.In(0), "same as logits");
 }
@@ -343,14 +341,15 @@ std::string CheckSlice(const Operands& o) {
   int64_t len = y[*axis];
   auto want_len = o.IntAttr("len", len, &error);
   if (!want_len) return error;
-  if (*want_len != len) return "slice: attribute len=" + std::to_string(*want_len) +
-                               " differs from " + o.OutName(0);
+  if (*want_len != len)
+    return "slice: attribute len=" + std::to_string(*want_len) + " differs from " + o.OutName(0);
   if (*start < 0 || *start > x[*axis] - len)
     return "slice: [" + std::to_string(*start) + ", " + std::to_string(*start + len) +
            ") is outside dim " + std::to_string(*axis) + " of " + o.InName(0);
   y[*axis] = x[*axis];
-  if (y != x) return "slice: " + o.OutName(0) + " must match " + o.InName(0) +
-                     " except on axis " + std::to_string(*axis);
+  if (y != x)
+    return "slice: " + o.OutName(0) + " must match " + o.InName(0) + " except on axis " +
+           std::to_string(*axis);
   return "";
 }
 
@@ -382,8 +381,8 @@ std::string CheckConcat(const Operands& o) {
 /// n inputs -> n outputs, pairwise the same number of elements (a row-major view).
 std::string CheckIdentity(const Operands& o) {
   if (o.NumIn() != o.NumOut())
-    return "identity takes as many outputs as inputs, got " + std::to_string(o.NumIn()) +
-           " and " + std::to_string(o.NumOut());
+    return "identity takes as many outputs as inputs, got " + std::to_string(o.NumIn()) + " and " +
+           std::to_string(o.NumOut());
   for (size_t i = 0; i < o.NumIn(); ++i)
     if (ElementCount(o.In(i)) != ElementCount(o.Out(i)))
       return "identity: " + o.OutName(i) + " must have as many elements as " + o.InName(i);
@@ -447,11 +446,14 @@ std::string CheckCollectivePair(const Operands& o, CollectiveType type, size_t i
     return o.Type() + ": " + o.OutName(i) + " must have the dtype of " + o.InName(i);
   switch (type) {
     case CollectiveType::kAllReduce:
-    case CollectiveType::kBroadcast:
-      return o.OutIs(i, in, "same as input " + std::to_string(i));
+    case CollectiveType::kBroadcast: return o.OutIs(i, in, "same as input " + std::to_string(i));
     case CollectiveType::kAllToAll:
-      if (ElementCount(in) == ElementCount(out)) return "";
-      return "all_to_all: " + o.OutName(i) + " must have as many elements as " + o.InName(i);
+      if (ElementCount(in) != ElementCount(out))
+        return "all_to_all: " + o.OutName(i) + " must have as many elements as " + o.InName(i);
+      if (group_size > 0 && ElementCount(in) % group_size != 0)
+        return "all_to_all: " + o.InName(i) + " does not split into " + std::to_string(group_size) +
+               " equal chunks";
+      return "";
     case CollectiveType::kAllGather:
     case CollectiveType::kReduceScatter: {
       bool gather = type == CollectiveType::kAllGather;

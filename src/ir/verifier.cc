@@ -119,8 +119,9 @@ class GraphVerifier {
       const Op& op = g_.ops[i];
       if (op.id < 0) ReportOp(op, "field 'id': negative");
       auto [it, fresh] = op_index_.emplace(op.id, static_cast<int>(i));
-      if (!fresh) ReportOp(op, "duplicate op id " + std::to_string(op.id) + " (also " +
-                                   OpLabel(g_.ops[it->second]) + ")");
+      if (!fresh)
+        ReportOp(op, "duplicate op id " + std::to_string(op.id) + " (also " +
+                         OpLabel(g_.ops[it->second]) + ")");
     }
   }
 
@@ -262,7 +263,7 @@ class GraphVerifier {
                    const std::vector<const Tensor*>& out) {
     std::string e;
     if (op.kind == OpKind::kCollective)
-      e = CheckCollectiveShapes(op, in, out, GroupSize(mesh_, op.group));
+      e = CheckCollectiveShapes(op, in, out, GroupRankCount(mesh_, op.group));
     else
       e = CheckComputeShapes(op, in, out);
     if (!e.empty()) ReportOp(op, "shape mismatch: " + e);
@@ -394,9 +395,9 @@ void CheckGroupMembership(const Program& program, std::vector<std::string>* out)
       if (!seen.insert(ranks).second) continue;
       for (int rank : role.ranks) {
         if (std::binary_search(ranks.begin(), ranks.end(), rank)) continue;
-        out->push_back("role " + Quote(role.name) + " rank " + std::to_string(rank) +
-                       ": graph " + Quote(graph.name) + ": " + OpLabel(op) + ": group " +
-                       IntListText(ranks) + " does not contain the rank that runs it");
+        out->push_back("role " + Quote(role.name) + " rank " + std::to_string(rank) + ": graph " +
+                       Quote(graph.name) + ": " + OpLabel(op) + ": group " + IntListText(ranks) +
+                       " does not contain the rank that runs it");
         break;
       }
     }
@@ -441,6 +442,7 @@ void ComparePairs(const P2pKey& key, const std::vector<P2pIssue>& sends,
 /// Resolves every send/recv on every rank and pairs them by (src, dst, tag).
 void CheckPointToPoint(const Program& program, std::vector<std::string>* out) {
   std::map<P2pKey, std::vector<P2pIssue>> sends, recvs;
+  int peer_errors = 0;
   for (const Role& role : program.roles) {
     const Graph& graph = program.GraphOf(role);
     for (const Op& op : graph.ops) {
@@ -449,10 +451,13 @@ void CheckPointToPoint(const Program& program, std::vector<std::string>* out) {
       for (int rank : role.ranks) {
         int peer = PeerRank(program.mesh, op.peer, rank);
         if (peer < 0 || peer == rank) {
-          if (!reported)
+          if (!reported) {
+            ++peer_errors;
             out->push_back("role " + Quote(role.name) + " rank " + std::to_string(rank) +
-                           ": graph " + Quote(graph.name) + ": " + OpLabel(op) + ": field 'peer': " +
+                           ": graph " + Quote(graph.name) + ": " + OpLabel(op) +
+                           ": field 'peer': " +
                            (peer < 0 ? "peer is off the mesh" : "peer is the rank itself"));
+          }
           reported = true;
           continue;
         }
@@ -462,6 +467,8 @@ void CheckPointToPoint(const Program& program, std::vector<std::string>* out) {
       }
     }
   }
+  // Pairing is only meaningful once every peer resolves.
+  if (peer_errors > 0) return;
   std::vector<std::string> lines;
   static const std::vector<P2pIssue> kNone;
   for (const auto& [key, list] : sends) {
@@ -478,7 +485,7 @@ void CheckPointToPoint(const Program& program, std::vector<std::string>* out) {
 
 }  // namespace
 
-int GroupSize(const Mesh& mesh, const Group& group) {
+int GroupRankCount(const Mesh& mesh, const Group& group) {
   if (!group.ranks.empty()) {
     std::set<int> distinct(group.ranks.begin(), group.ranks.end());
     return static_cast<int>(distinct.size());

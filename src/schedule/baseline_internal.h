@@ -72,11 +72,15 @@ struct BucketRule {
   bool close_when_reached = true;
 };
 
-/// Splits `ordered` (op indices, in the order they become ready) into
-/// buckets of compatible collectives (same kind, type, reduce op, group,
-/// stream and dtype), by `rule`. Returns op ids per bucket, in the order the
-/// buckets close (the last partial buckets close at the end, oldest first).
+/// Splits `ordered` (op indices, in the order they become ready; an op must
+/// come after every candidate it depends on) into buckets of compatible
+/// collectives (same kind, type, reduce op, group, stream and first-input
+/// dtype), by `rule`. An op that depends on a member of an open bucket (of
+/// any class) first closes that bucket, so fusing the buckets never creates
+/// a cycle. `pos`: program positions. Returns op ids per bucket, in the
+/// order the buckets close (the partial ones at the end, by class first seen).
 std::vector<std::vector<int>> MakeBuckets(const Graph& graph, const GraphIndex& index,
+                                          const std::vector<int>& pos,
                                           const std::vector<int>& ordered, const BucketRule& rule);
 
 /// Fuses every bucket with two or more members (FuseCollectives). Returns,
@@ -118,6 +122,9 @@ Result<GraphPlan> PlanFifo(const Graph& graph);
 Result<GraphPlan> PlanDdp(const Graph& graph, const BaselineOptions& options);
 Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const BaselineOptions& options);
 Result<GraphPlan> PlanZero(const Graph& graph, const Mesh& mesh, const BaselineOptions& options);
-Result<GraphPlan> PlanXlaLhs(const Graph& graph);
+/// `keep_comm_order`: start comm ops in program order (needed when ranks
+/// run different graphs, so that their collective and send/recv orders
+/// still match); otherwise comm ops may be reordered.
+Result<GraphPlan> PlanXlaLhs(const Graph& graph, bool keep_comm_order);
 
 }  // namespace concerto::baseline

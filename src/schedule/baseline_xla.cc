@@ -26,8 +26,11 @@ int ResourceOf(const Op& op) {
 
 class XlaLhs {
  public:
-  XlaLhs(const Graph& graph, const GraphIndex& index, const std::vector<int>& pos)
-      : graph_(graph), index_(index), pos_(pos), n_(static_cast<int>(graph.ops.size())) {}
+  /// `keep_comm_order`: comm ops start in program order (see PlanXlaLhs).
+  XlaLhs(const Graph& graph, const GraphIndex& index, const std::vector<int>& pos,
+         bool keep_comm_order)
+      : graph_(graph), index_(index), pos_(pos), n_(static_cast<int>(graph.ops.size())),
+        keep_comm_order_(keep_comm_order) {}
 
   /// The bottom-up order (sinks first).
   std::vector<int> Run();
@@ -40,6 +43,7 @@ class XlaLhs {
   int ClassOf(int i) const;
   void MakeReady(int i);
   void DoneReady(int i);
+  void Admit(int i);
   void ScheduleDone(int i);
   void Place(int i);
   void Release(int i);
@@ -51,7 +55,11 @@ class XlaLhs {
   const GraphIndex& index_;
   const std::vector<int>& pos_;
   const int n_;
+  const bool keep_comm_order_;
   int64_t time_ = 0;
+  std::vector<int> chain_;  // comm ops, latest program position first
+  size_t chain_next_ = 0;   // first comm op of chain_ not yet admitted
+  std::vector<char> done_ready_;
   std::vector<int> remaining_succ_, blocked_preds_, cls_;
   std::vector<int64_t> done_time_;
   std::vector<char> placed_, ready_;
@@ -79,9 +87,18 @@ void XlaLhs::MakeReady(int i) {
   heap_.push({cls_[i], -pos_[i], i});
 }
 
-/// Comm op `i` may have its done placed: now if its resource is free, else
-/// after the resource's in-flight op starts.
+/// Comm op `i` has all its users placed. With keep_comm_order_ it is
+/// admitted only once every comm op later in program order was admitted.
 void XlaLhs::DoneReady(int i) {
+  done_ready_[i] = 1;
+  if (!keep_comm_order_) return Admit(i);
+  while (chain_next_ < chain_.size() && done_ready_[chain_[chain_next_]])
+    Admit(chain_[chain_next_++]);
+}
+
+/// Places the done of comm op `i` now if its resource is free, else after
+/// the resource's in-flight op starts (in admission order).
+void XlaLhs::Admit(int i) {
   int r = ResourceOf(graph_.ops[i]);
   if (in_flight_[r] < 0) ScheduleDone(i);
   else waiting_[r].push(i);
@@ -166,7 +183,11 @@ std::vector<int> XlaLhs::Run() {
   done_time_.assign(n_, 0);
   placed_.assign(n_, 0);
   ready_.assign(n_, 0);
+  done_ready_.assign(n_, 0);
   in_flight_.fill(-1);
+  for (int i = 0; i < n_; ++i)
+    if (IsComm(i)) chain_.push_back(i);
+  std::sort(chain_.begin(), chain_.end(), [&](int a, int b) { return pos_[a] > pos_[b]; });
   for (int i = 0; i < n_; ++i) {
     remaining_succ_[i] = static_cast<int>(index_.succs[i].size());
     for (int p : index_.preds[i])
@@ -190,12 +211,12 @@ std::vector<int> XlaLhs::Run() {
 }  // namespace
 
 /// Each op on its own stream, in the reverse of the bottom-up order.
-Result<GraphPlan> PlanXlaLhs(const Graph& graph) {
+Result<GraphPlan> PlanXlaLhs(const Graph& graph, bool keep_comm_order) {
   GraphPlan plan{graph, {}, {}, {}};
   const GraphIndex index = GraphIndex::Build(graph);
   Result<std::vector<int>> pos = ProgramPositions(graph, index);
   if (!pos.ok()) return pos.status();
-  plan.sequence = XlaLhs(graph, index, *pos).Run();
+  plan.sequence = XlaLhs(graph, index, *pos, keep_comm_order).Run();
   std::reverse(plan.sequence.begin(), plan.sequence.end());
   plan.stream = OwnStreams(graph);
   return plan;

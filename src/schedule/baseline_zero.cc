@@ -106,9 +106,9 @@ Result<GraphPlan> PlanZero(const Graph& graph, const Mesh& mesh, const BaselineO
     };
     gather_rule.cap = [&](const Op&) { return options.zero_prefetch_bucket_elements; };
     gather_rule.first_cap = gather_rule.cap;
-    std::vector<std::vector<int>> buckets = MakeBuckets(graph, index, grads, reduce_rule);
+    std::vector<std::vector<int>> buckets = MakeBuckets(graph, index, *pos, grads, reduce_rule);
     const size_t n_grad = buckets.size();
-    for (auto& b : MakeBuckets(graph, index, params, gather_rule)) buckets.push_back(std::move(b));
+    for (auto& b : MakeBuckets(graph, index, *pos, params, gather_rule)) buckets.push_back(std::move(b));
     Result<std::vector<int>> stand_in = FuseBuckets(plan.graph, buckets, plan.fused);
     if (!stand_in.ok()) return stand_in.status();
     grad_ids.assign(stand_in->begin(), stand_in->begin() + n_grad);

@@ -3,6 +3,7 @@
 // themselves are described in docs/schedulers.md.
 #include <algorithm>
 #include <cassert>
+#include <climits>
 #include <map>
 #include <queue>
 #include <set>
@@ -105,57 +106,149 @@ int GroupSize(const Mesh& mesh, const Group& group) {
   return n;
 }
 
-/// The class of collectives that may share a bucket, as a sortable string.
-static std::string BucketClass(const Op& op, const Graph& graph, const GraphIndex& index) {
-  std::string key = std::string(ToString(op.kind)) + "|" + std::string(ToString(op.collective)) +
-                    "|" + std::string(ToString(op.reduce)) + "|" + op.stream + "|";
-  for (const auto& a : op.group.axes) key += a + ",";
-  key += "|";
-  for (int r : op.group.ranks) key += std::to_string(r) + ",";
-  key += "|";
-  if (!op.inputs.empty()) {
-    auto it = index.tensor.find(op.inputs.front());
-    if (it != index.tensor.end()) key += std::string(ToString(graph.tensors[it->second].dtype));
+namespace {
+
+/// The open bucket of one class of compatible collectives.
+struct OpenBucket {
+  std::vector<int> members;  // op indices
+  int64_t size = 0;
+  int64_t cap = 0;
+  int closed = 0;           // buckets of this class closed so far
+  int min_pos = INT_MAX;    // earliest member position
+  int min_succ = INT_MAX;   // earliest position of a member's successor
+};
+
+/// Most ops one exact dependency search may visit before it gives up and
+/// assumes the worst (keeps bucketing O(n log n) on any graph).
+constexpr int kSearchBudget = 4096;
+
+/// Splits collectives into buckets, flushing any open bucket that a newcomer
+/// depends on, so that no fused op can end up waiting for itself.
+class Bucketer {
+ public:
+  Bucketer(const Graph& graph, const GraphIndex& index, const std::vector<int>& pos,
+           const BucketRule& rule)
+      : graph_(graph), index_(index), pos_(pos), rule_(rule),
+        open_of_(graph.ops.size(), -1), stamp_(graph.ops.size(), 0) {}
+
+  /// Adds op index `i` (arrival order must respect dependencies).
+  void Add(int i) {
+    const Op& op = graph_.ops[i];
+    const int c = ClassId(op);
+    for (int d : OpenDependencies(i)) Close(d);
+    OpenBucket& b = open_[c];
+    const int64_t size = rule_.size(op);
+    if (!rule_.close_when_reached && !b.members.empty() && b.size + size > b.cap) Close(c);
+    if (b.members.empty()) b.cap = b.closed == 0 ? rule_.first_cap(op) : rule_.cap(op);
+    b.members.push_back(i);
+    b.size += size;
+    b.min_pos = std::min(b.min_pos, pos_[i]);
+    for (int s : index_.succs[i]) b.min_succ = std::min(b.min_succ, pos_[s]);
+    open_of_[i] = c;
+    if (rule_.close_when_reached && b.size >= b.cap) Close(c);
   }
-  return key;
-}
+
+  /// Closes the partial buckets, the class seen first first; returns all
+  /// buckets (op ids) in closing order.
+  std::vector<std::vector<int>> Finish() {
+    for (int c = 0; c < static_cast<int>(open_.size()); ++c)
+      if (!open_[c].members.empty()) Close(c);
+    return std::move(closed_);
+  }
+
+ private:
+  /// Dense id of the op's bucket class (same kind, type, reduce, stream,
+  /// group and first-input dtype), in order of first appearance.
+  int ClassId(const Op& op) {
+    std::string key = std::string(ToString(op.kind)) + "|" + std::string(ToString(op.collective)) +
+                      "|" + std::string(ToString(op.reduce)) + "|" + op.stream + "|";
+    for (const auto& a : op.group.axes) key += a + ",";
+    key += "|";
+    for (int r : op.group.ranks) key += std::to_string(r) + ",";
+    key += "|";
+    if (!op.inputs.empty()) {
+      auto it = index_.tensor.find(op.inputs.front());
+      if (it != index_.tensor.end()) key += std::string(ToString(graph_.tensors[it->second].dtype));
+    }
+    auto [it, fresh] = class_id_.emplace(key, static_cast<int>(open_.size()));
+    if (fresh) open_.emplace_back();
+    return it->second;
+  }
+
+  void Close(int c) {
+    OpenBucket& b = open_[c];
+    if (b.members.empty()) return;
+    std::vector<int> ids;
+    for (int i : b.members) {
+      ids.push_back(graph_.ops[i].id);
+      open_of_[i] = -1;
+    }
+    closed_.push_back(std::move(ids));
+    b = OpenBucket{{}, 0, 0, b.closed + 1, INT_MAX, INT_MAX};
+  }
+
+  /// Classes whose open bucket holds an op that op `i` depends on. A cheap
+  /// position test clears most ops; otherwise a bounded backward search
+  /// decides, and when it runs out of budget every bucket that might be an
+  /// ancestor is reported.
+  std::vector<int> OpenDependencies(int i) {
+    int floor = INT_MAX, threshold = INT_MAX;
+    for (const OpenBucket& b : open_) {
+      if (b.members.empty()) continue;
+      floor = std::min(floor, b.min_pos);
+      threshold = std::min(threshold, b.min_succ);
+    }
+    const int latest = LatestPredPos(index_, pos_, i);
+    if (latest < threshold) return {};
+    std::vector<int> hit;
+    if (!SearchAncestors(i, floor, hit)) {
+      hit.clear();
+      for (int c = 0; c < static_cast<int>(open_.size()); ++c)
+        if (!open_[c].members.empty() && open_[c].min_succ <= latest) hit.push_back(c);
+    }
+    std::sort(hit.begin(), hit.end());
+    hit.erase(std::unique(hit.begin(), hit.end()), hit.end());
+    return hit;
+  }
+
+  /// Walks the ancestors of op `i` at positions >= `floor`, recording the
+  /// classes of open members met. False when the budget ran out.
+  bool SearchAncestors(int i, int floor, std::vector<int>& hit) {
+    ++current_stamp_;
+    std::vector<int> stack(index_.preds[i].begin(), index_.preds[i].end());
+    int visited = 0;
+    while (!stack.empty()) {
+      int v = stack.back();
+      stack.pop_back();
+      if (pos_[v] < floor || stamp_[v] == current_stamp_) continue;
+      stamp_[v] = current_stamp_;
+      if (++visited > kSearchBudget) return false;
+      if (open_of_[v] >= 0) hit.push_back(open_of_[v]);
+      for (int p : index_.preds[v]) stack.push_back(p);
+    }
+    return true;
+  }
+
+  const Graph& graph_;
+  const GraphIndex& index_;
+  const std::vector<int>& pos_;
+  const BucketRule& rule_;
+  std::map<std::string, int> class_id_;
+  std::vector<OpenBucket> open_;
+  std::vector<int> open_of_;  // per op index: class of its open bucket, or -1
+  std::vector<int> stamp_;
+  int current_stamp_ = 0;
+  std::vector<std::vector<int>> closed_;
+};
+
+}  // namespace
 
 std::vector<std::vector<int>> MakeBuckets(const Graph& graph, const GraphIndex& index,
+                                          const std::vector<int>& pos,
                                           const std::vector<int>& ordered, const BucketRule& rule) {
-  struct Open {
-    std::vector<int> ids;
-    int64_t size = 0;
-    int64_t cap = 0;
-    int closed = 0;  // buckets of this class closed so far
-  };
-  std::map<std::string, Open> open;
-  std::vector<std::vector<int>> closed;
-  auto close = [&](Open& b) {
-    closed.push_back(std::move(b.ids));
-    b.ids.clear();
-    b.size = 0;
-    ++b.closed;
-  };
-  std::map<std::string, int> first_seen;  // class -> sequence number, for the final flush
-  for (int i : ordered) {
-    const Op& op = graph.ops[i];
-    const std::string cls = BucketClass(op, graph, index);
-    first_seen.emplace(cls, static_cast<int>(first_seen.size()));
-    Open& b = open[cls];
-    const int64_t size = rule.size(op);
-    if (!rule.close_when_reached && !b.ids.empty() && b.size + size > b.cap) close(b);
-    if (b.ids.empty()) b.cap = b.closed == 0 ? rule.first_cap(op) : rule.cap(op);
-    b.ids.push_back(op.id);
-    b.size += size;
-    if (rule.close_when_reached && b.size >= b.cap) close(b);
-  }
-  // Close the partial buckets at the end, the class seen first first.
-  std::vector<std::pair<int, std::string>> rest;
-  for (const auto& [cls, b] : open)
-    if (!b.ids.empty()) rest.push_back({first_seen[cls], cls});
-  std::sort(rest.begin(), rest.end());
-  for (const auto& [seq, cls] : rest) close(open[cls]);
-  return closed;
+  Bucketer bucketer(graph, index, pos, rule);
+  for (int i : ordered) bucketer.Add(i);
+  return bucketer.Finish();
 }
 
 Result<std::vector<int>> FuseBuckets(Graph& graph, const std::vector<std::vector<int>>& buckets,
@@ -198,7 +291,7 @@ Result<GraphPlan> PlanBucketed(const Graph& graph, std::vector<int> ops, const B
     if (!pos.ok()) return pos.status();
     SortByReadiness(ops, index, *pos);
     Result<std::vector<int>> stand_in =
-        FuseBuckets(plan.graph, MakeBuckets(graph, index, ops, rule), plan.fused);
+        FuseBuckets(plan.graph, MakeBuckets(graph, index, *pos, ops, rule), plan.fused);
     if (!stand_in.ok()) return stand_in.status();
     ops = std::move(*stand_in);  // now: one op id per bucket, in bucket order
   }
@@ -215,17 +308,18 @@ Result<GraphPlan> PlanBucketed(const Graph& graph, std::vector<int> ops, const B
   return plan;
 }
 
-/// Every op at its program position, on `stream` when not empty, else its own.
-static Result<GraphPlan> PlanProgramOrder(const Graph& graph, bool all_on_first_stream) {
+/// Every op at its program position; comm ops synchronous (on the graph's
+/// first stream) when `sync_comm`, else on their own stream. Other ops keep
+/// their stream (only a comm op may change stream).
+static Result<GraphPlan> PlanProgramOrder(const Graph& graph, bool sync_comm) {
   GraphPlan plan{graph, {}, {}, {}};
   const GraphIndex index = GraphIndex::Build(graph);
   Result<std::vector<int>> pos = ProgramPositions(graph, index);
   if (!pos.ok()) return pos.status();
   std::vector<LaunchKey> keys(graph.ops.size());
   for (size_t i = 0; i < keys.size(); ++i) keys[i] = KeepKey((*pos)[i]);
-  FinishPlan(plan, index, keys, nullptr);
-  if (all_on_first_stream)
-    std::fill(plan.stream.begin(), plan.stream.end(), graph.streams.front());
+  auto sync = [sync_comm](const Op&) { return sync_comm; };
+  FinishPlan(plan, index, keys, sync);
   return plan;
 }
 
@@ -267,9 +361,10 @@ static bool IsLaunchOrder(const GraphPlan& plan) {
   return true;
 }
 
-/// Runs the baseline `name` on one graph.
+/// Runs the baseline `name` on one graph; `multi_graph`: the program's
+/// roles run more than one distinct graph.
 static Result<GraphPlan> PlanGraph(const std::string& name, const Graph& graph, const Mesh& mesh,
-                                   const BaselineOptions& options) {
+                                   const BaselineOptions& options, bool multi_graph) {
   if (graph.streams.empty())
     return Status::Error("graph '" + graph.name + "' declares no streams");
   if (name == "sequential") return PlanSequential(graph);
@@ -278,7 +373,7 @@ static Result<GraphPlan> PlanGraph(const std::string& name, const Graph& graph, 
   if (name == "megatron") return PlanMegatron(graph, mesh, options);
   if (name == "zero") return PlanZero(graph, mesh, options);
   assert(name == "xla-lhs");
-  return PlanXlaLhs(graph);
+  return PlanXlaLhs(graph, multi_graph);
 }
 
 }  // namespace baseline
@@ -298,13 +393,16 @@ Result<ScheduledProgram> RunBaseline(const std::string& name, const Program& pro
   ScheduledProgram out{program, {}};
   out.schedule.scheduler = name;
   std::map<std::string, baseline::GraphPlan> plans;  // graph name -> plan, each graph once
+  std::set<std::string> graphs_used;
+  for (const Role& role : program.roles) graphs_used.insert(role.graph);
+  const bool multi_graph = graphs_used.size() > 1;
   for (const Role& role : program.roles) {
     int g = program.GraphIndex(role.graph);
     if (g < 0) return Status::Error("role '" + role.name + "' names unknown graph '" + role.graph + "'");
     auto it = plans.find(role.graph);
     if (it == plans.end()) {
       Result<baseline::GraphPlan> plan =
-          baseline::PlanGraph(name, program.graphs[g], program.mesh, options);
+          baseline::PlanGraph(name, program.graphs[g], program.mesh, options, multi_graph);
       if (!plan.ok()) return Status::Error(name + ": " + plan.status().message());
       assert(baseline::IsLaunchOrder(*plan) && "baseline produced a non-topological order");
       out.program.graphs[g] = plan->graph;

@@ -30,7 +30,7 @@ std::string CheckCollectiveShapes(const Op& op, const std::vector<const Tensor*>
                                   const std::vector<const Tensor*>& outputs, int group_size);
 /// Number of ranks in `group` (product of the axes' sizes, or the explicit
 /// ranks); 0 when the group names an unknown axis.
-int GroupSize(const Mesh& mesh, const Group& group);
+int GroupRankCount(const Mesh& mesh, const Group& group);
 /// Mesh problems (empty or duplicate axis names, size < 1, too many ranks);
 /// empty when the mesh is usable. Other checks rely on a usable mesh.
 std::vector<std::string> VerifyMesh(const Mesh& mesh);
