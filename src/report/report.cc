@@ -9,11 +9,16 @@ namespace concerto {
 
 using nlohmann::json;
 
-LowerBound ComputeLowerBound(const Program& program, const CostModel& cost) {
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps) {
   LowerBound lb;
   for (const auto& role : program.roles) {
     if (role.ranks.empty()) continue;
-    const Graph& g = program.GraphOf(role);
+    Graph data_only;
+    if (!control_deps) {
+      data_only = program.GraphOf(role);
+      for (auto& op : data_only.ops) op.control_deps.clear();
+    }
+    const Graph& g = control_deps ? program.GraphOf(role) : data_only;
     GraphIndex index = GraphIndex::Build(g);
     PriceContext ctx{g, index, program.mesh, *std::min_element(role.ranks.begin(), role.ranks.end())};
     std::vector<double> dur(g.ops.size());
@@ -85,7 +90,7 @@ Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const Co
   Summary s;
   s.scheduler = sp.schedule.scheduler;
   s.makespan_us = timeline.makespan_us;
-  s.bound = ComputeLowerBound(p, cost);
+  s.bound = ComputeLowerBound(p, cost, /*control_deps=*/false);
   s.ranks_simulated = static_cast<int>(timeline.ranks.size());
   s.representative = timeline.representative;
   s.costs = SummarizeCosts(p, cost);

@@ -104,6 +104,8 @@ void XlaLhs::Admit(int i) {
   else waiting_[r].push(i);
 }
 
+/// Places the done of comm op `i` at the current time: its resource is busy
+/// until its start is placed.
 void XlaLhs::ScheduleDone(int i) {
   in_flight_[ResourceOf(graph_.ops[i])] = i;
   done_time_[i] = time_;

@@ -361,6 +361,35 @@ static bool IsLaunchOrder(const GraphPlan& plan) {
   return true;
 }
 
+/// Turns each comm op that a plan listed on the graph's first (compute)
+/// stream into a synchronous collective expressed as control edges: it stays
+/// on its own stream (the link it uses stays busy, so the lower bound holds),
+/// waits for the op before it on the compute lane and holds back the op after
+/// it. Every edge follows the launch order, so no cycle can form. Returns the
+/// number of ops made synchronous.
+static int MakeSyncExplicit(GraphPlan& plan) {
+  const std::string& lane = plan.graph.streams.front();
+  int changed = 0;
+  int last = -1;  // op index of the last op on the compute lane
+  auto add_dep = [&](int to, int from) {
+    auto& deps = plan.graph.ops[to].control_deps;
+    const int id = plan.graph.ops[from].id;
+    if (std::find(deps.begin(), deps.end(), id) == deps.end()) deps.push_back(id);
+  };
+  for (int i : plan.sequence) {
+    Op& op = plan.graph.ops[i];
+    if (plan.stream[i] != lane) continue;
+    const bool moved = op.stream != lane;
+    if (last >= 0 && (moved || plan.graph.ops[last].stream != lane)) add_dep(i, last);
+    if (moved) {
+      plan.stream[i] = op.stream;
+      ++changed;
+    }
+    last = i;
+  }
+  return changed;
+}
+
 /// Runs the baseline `name` on one graph; `multi_graph`: the program's
 /// roles run more than one distinct graph.
 static Result<GraphPlan> PlanGraph(const std::string& name, const Graph& graph, const Mesh& mesh,
@@ -405,6 +434,8 @@ Result<ScheduledProgram> RunBaseline(const std::string& name, const Program& pro
           baseline::PlanGraph(name, program.graphs[g], program.mesh, options, multi_graph);
       if (!plan.ok()) return Status::Error(name + ": " + plan.status().message());
       assert(baseline::IsLaunchOrder(*plan) && "baseline produced a non-topological order");
+      baseline::MakeSyncExplicit(*plan);
+      assert(baseline::IsLaunchOrder(*plan) && "synchronous edges broke the launch order");
       out.program.graphs[g] = plan->graph;
       it = plans.emplace(role.graph, std::move(*plan)).first;
     }

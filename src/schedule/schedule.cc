@@ -172,10 +172,9 @@ void CheckMembership(const RoleSchedule& rs, RoleView& v, std::vector<std::strin
         out.push_back(where + ": " + OpLabel(op) + " is listed twice");
         continue;
       }
-      if (so.stream != op.stream && !(op.IsComm() && s == 0)) {
+      if (so.stream != op.stream) {
         out.push_back(where + ": " + OpLabel(op) + " belongs on stream '" + op.stream +
-                      "', not '" + so.stream + "' (only a comm op may move, onto '" +
-                      g.streams[0] + "')");
+                      "', not '" + so.stream + "'");
       }
       v.stream_of[i] = s;
       v.position[i] = static_cast<int>(v.orders[s].size());

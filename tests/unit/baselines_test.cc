@@ -249,13 +249,29 @@ TEST(BaselinesTest, NamesAndUnknownName) {
   EXPECT_NE(sp.status().message().find("known: sequential, fifo"), std::string::npos);
 }
 
-TEST(BaselinesTest, SequentialPutsEverythingOnComputeInProgramOrder) {
+/// True when op `before` is among the control deps of op `after`.
+bool ControlDep(const ScheduledProgram& sp, const std::string& after, const std::string& before) {
+  const Graph& g = sp.program.graphs[0];
+  int before_id = IdOf(sp.program, before);
+  for (const Op& op : g.ops)
+    if (op.name == after)
+      return std::find(op.control_deps.begin(), op.control_deps.end(), before_id) != op.control_deps.end();
+  return false;
+}
+
+TEST(BaselinesTest, SequentialSerializesEverythingInProgramOrder) {
+  // Every op stays on its own stream; each comm op waits for the compute op
+  // before it and holds back the one after it (control edges), so the
+  // program runs one op at a time in program order.
   Program p = DdpMlp();
   ScheduledProgram sp = RunChecked("sequential", p);
-  std::vector<int> all;
-  for (const Op& op : p.graphs[0].ops) all.push_back(op.id);
-  EXPECT_EQ(StreamIds(sp, "compute"), all);
-  EXPECT_TRUE(StreamIds(sp, "comm").empty());
+  Schedule fifo = ProgramOrderSchedule(p, "sequential");
+  EXPECT_EQ(WriteSchedule(sp.schedule), WriteSchedule(fifo));
+  const Graph& g = sp.program.graphs[0];
+  for (size_t i = 1; i < g.ops.size(); ++i) {
+    if (!g.ops[i].IsComm() && !g.ops[i - 1].IsComm()) continue;  // same stream: ordered already
+    EXPECT_TRUE(ControlDep(sp, g.ops[i].name, g.ops[i - 1].name)) << g.ops[i].name;
+  }
   EXPECT_TRUE(sp.schedule.fusion_groups.empty());
 }
 
@@ -299,8 +315,11 @@ TEST(BaselinesTest, DdpClosesTheLastPartialBucketAtTheEnd) {
   ASSERT_EQ(sp.schedule.fusion_groups.size(), 1u);
   EXPECT_EQ(sp.schedule.fusion_groups[0].members,
             (std::vector<int>{IdOf(p, "grad_ar.3"), IdOf(p, "grad_ar.2"), IdOf(p, "grad_ar.1")}));
-  EXPECT_EQ(StreamIds(sp, "comm"),
-            (std::vector<int>{sp.schedule.fusion_groups[0].fused_op, IdOf(p, "grad_ar.0")}));
+  std::vector<int> grads;
+  for (int id : StreamIds(sp, "comm"))
+    for (const Op& op : sp.program.graphs[0].ops)
+      if (op.id == id && op.tags.purpose == "grad_sync") grads.push_back(id);
+  EXPECT_EQ(grads, (std::vector<int>{sp.schedule.fusion_groups[0].fused_op, IdOf(p, "grad_ar.0")}));
 }
 
 TEST(BaselinesTest, DdpLaunchesABucketRightAfterItsLastGradient) {
@@ -351,23 +370,31 @@ TEST(BaselinesTest, DdpClosesABucketThatANewGradientDependsOn) {
             (std::vector<int>{sp.schedule.fusion_groups[0].fused_op, IdOf(p, "ar2")}));
 }
 
-TEST(BaselinesTest, MegatronPutsActivationCollectivesOnCompute) {
+TEST(BaselinesTest, MegatronMakesActivationCollectivesSynchronous) {
   // 3 layers of 1024 x 1024 bf16 weights: each gradient all-reduce carries
   // 2 MiB = 1,048,576 elements. dp = 2, tp = 2.
   Program p = Mlp({1024, 1024, 1024, 1024}, 8, DType::kBF16, {{"dp", 2}, {"tp", 2}}, true);
   BaselineOptions o;
   o.megatron_bucket_min_params = 1;  // bucket = max(1, 1e6 x 2) = 2,000,000 elements
   ScheduledProgram sp = RunChecked("megatron", p, o);
-  std::vector<std::string> compute = StreamNames(sp, "compute");
-  for (const char* a : {"act_ar.fwd.0", "act_ar.fwd.2", "act_ar.bwd.1", "act_ar.bwd.2"})
-    EXPECT_NE(std::find(compute.begin(), compute.end(), a), compute.end()) << a;
+  // Synchronous: each activation all-reduce stays on the comm stream but the
+  // next compute op in launch order waits for it (a control edge).
+  const Graph& g = sp.program.graphs[0];
+  for (const char* a : {"act_ar.fwd.0", "act_ar.fwd.2", "act_ar.bwd.1", "act_ar.bwd.2"}) {
+    bool held = false;
+    for (const Op& op : g.ops) held |= !op.IsComm() && ControlDep(sp, op.name, a);
+    EXPECT_TRUE(held) << a;
+  }
   // Layer 2 then 1: 1,048,576 < 2e6; + 1,048,576 = 2,097,152 >= 2e6: close.
   // Layer 0 alone stays open to the end (not fused).
   ASSERT_EQ(sp.schedule.fusion_groups.size(), 1u);
   EXPECT_EQ(sp.schedule.fusion_groups[0].members,
             (std::vector<int>{IdOf(p, "grad_ar.2"), IdOf(p, "grad_ar.1")}));
-  EXPECT_EQ(StreamIds(sp, "comm"),
-            (std::vector<int>{sp.schedule.fusion_groups[0].fused_op, IdOf(p, "grad_ar.0")}));
+  std::vector<int> grads;
+  for (int id : StreamIds(sp, "comm"))
+    for (const Op& op : sp.program.graphs[0].ops)
+      if (op.id == id && op.tags.purpose == "grad_sync") grads.push_back(id);
+  EXPECT_EQ(grads, (std::vector<int>{sp.schedule.fusion_groups[0].fused_op, IdOf(p, "grad_ar.0")}));
 }
 
 TEST(BaselinesTest, MegatronBucketGrowsWithDataParallelSize) {
@@ -614,8 +641,9 @@ double Makespan(const std::string& name) {
 }
 
 TEST(BaselinesTest, SimulatedSequential) {
-  // compute: f0 0-10 | f1 10-20 | dw1 20-30 | ar1 30-75 | dx1 75-85 | dw0 85-95 | ar0 95-140 |
-  //          adam0 140-142 | adam1 142-144
+  // Every op waits for the one before it (ar1, ar0 run on the comm stream):
+  // compute: f0 0-10 | f1 10-20 | dw1 20-30 |           | dx1 75-85 | dw0 85-95 |            | adam0 140-142 | adam1 142-144
+  // comm:                                   | ar1 30-75 |                       | ar0 95-140 |
   EXPECT_DOUBLE_EQ(Makespan("sequential"), 144);
 }
 

@@ -191,13 +191,14 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
 
 // ---- compare ----
 Status RunCompare(const Program& program, const CommonFlags& flags, const std::vector<std::string>& schedulers,
-                  std::vector<RunResult>* runs, std::string* cluster_name) {
+                  std::vector<RunResult>* runs, LowerBound* bound, std::string* cluster_name) {
   Result<Options> options = BuildOptions(flags);
   if (!options.ok()) return options.status();
   Result<std::unique_ptr<CostModel>> cost = BuildCostModel(flags);
   if (!cost.ok()) return cost.status();
   CONCERTO_RETURN_IF_ERROR(CheckProgramFitsCluster(program, **cost));
   *cluster_name = (*cost)->cluster().name;
+  *bound = ComputeLowerBound(program, **cost);
   Result<std::vector<RunResult>> r = Compare(program, schedulers, **cost, *options, Progress);
   if (!r.ok()) return r.status();
   *runs = std::move(r).value();
@@ -209,14 +210,15 @@ int CmdCompare(const std::string& file, const CommonFlags& flags, std::vector<st
   if (!program.ok()) return Fail(program.status());
   if (schedulers.empty()) schedulers = SchedulerNames();
   std::vector<RunResult> runs;
+  LowerBound bound;
   std::string cluster;
-  if (Status s = RunCompare(*program, flags, schedulers, &runs, &cluster); !s.ok()) return Fail(s);
+  if (Status s = RunCompare(*program, flags, schedulers, &runs, &bound, &cluster); !s.ok()) return Fail(s);
   if (flags.json) {
-    nlohmann::json j = CompareJson(runs, cluster);
+    nlohmann::json j = CompareJson(runs, bound, cluster);
     j["file"] = file;
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << CompareTable(runs, file + " on " + cluster);
+    std::cout << CompareTable(runs, bound, file + " on " + cluster);
   }
   return 0;
 }
@@ -259,12 +261,13 @@ int CmdDemo(const std::string& trace, bool json) {
     CommonFlags flags;
     flags.cluster = cluster;
     std::vector<RunResult> runs;
+    LowerBound bound;
     std::string name;
-    if (Status s = RunCompare(*program, flags, SchedulerNames(), &runs, &name); !s.ok()) return Fail(s);
+    if (Status s = RunCompare(*program, flags, SchedulerNames(), &runs, &bound, &name); !s.ok()) return Fail(s);
     if (json) {
-      all["clusters"].push_back(CompareJson(runs, name));
+      all["clusters"].push_back(CompareJson(runs, bound, name));
     } else {
-      std::cout << CompareTable(runs, fmt::format("{} ({}) on {}", model, plan_text, name)) << "\n";
+      std::cout << CompareTable(runs, bound, fmt::format("{} ({}) on {}", model, plan_text, name)) << "\n";
     }
     if (cluster == "a800-4x8" && !trace.empty()) {
       const RunResult* best = &runs[0];

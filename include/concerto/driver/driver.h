@@ -48,9 +48,12 @@ Result<std::vector<RunResult>> Compare(const Program& program, const std::vector
                                        const CostModel& cost, const Options& options,
                                        const std::function<void(const std::string&)>& progress = nullptr);
 
-/// A fixed-width comparison table (one row per scheduler).
-std::string CompareTable(const std::vector<RunResult>& runs, const std::string& title);
+/// A fixed-width comparison table (one row per scheduler); `input_bound` is
+/// the lower bound of the program before any scheduler rewrote it.
+std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& input_bound,
+                         const std::string& title);
 /// The comparison as one JSON object.
-nlohmann::json CompareJson(const std::vector<RunResult>& runs, const std::string& cluster);
+nlohmann::json CompareJson(const std::vector<RunResult>& runs, const LowerBound& input_bound,
+                           const std::string& cluster);
 
 }  // namespace concerto

@@ -14,14 +14,16 @@
 namespace concerto {
 
 /// LB = max(critical path of the dependency graph, busiest stream's total
-/// work), over each role's lowest rank, from undelayed op durations.
+/// work), over each role's lowest rank, from undelayed op durations. With
+/// `control_deps` false only data edges count: a relaxation, so still a
+/// bound, that ignores the ordering edges a scheduler added.
 struct LowerBound {
   double critical_path_us = 0;
   double stream_load_us = 0;
   std::string busiest_stream;
   double lower_bound_us = 0;
 };
-LowerBound ComputeLowerBound(const Program& program, const CostModel& cost);
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps = true);
 
 struct CollectiveExposure {
   int rank = 0;
@@ -34,7 +36,7 @@ struct CollectiveExposure {
 struct Summary {
   std::string scheduler;
   double makespan_us = 0;
-  LowerBound bound;
+  LowerBound bound;  // of the scheduled program, data edges only
   int report_rank = 0;         // the simulated rank with the most exposed comm
   double compute_busy_us = 0;  // on report_rank: time some compute op runs
   double comm_busy_us = 0;     // on report_rank: time some comm op runs

@@ -1,6 +1,7 @@
-// A Schedule: per rank role, per stream, the order ops run in. The stream an
-// op is listed under may differ from the op's default stream (a synchronous
-// collective runs on the compute stream).
+// A Schedule: per rank role, per stream, the order ops run in. Every op is
+// listed under its own stream; a scheduler that wants more than an order
+// (buckets, a synchronous collective, full serialization) rewrites the
+// program (fused ops, control edges), so the decision shows in the IR.
 #pragma once
 
 #include <string>
