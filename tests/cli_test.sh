@@ -2,7 +2,7 @@
 # CLI contract: exit codes (0 ok, 1 bad input, 2 bad arguments), --json
 # fields, error messages naming the file. Usage: cli_test.sh PATH/TO/concerto
 set -u
-BIN="$1"
+BIN="$(realpath "$1")"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT
@@ -39,6 +39,13 @@ contains trace_written "$TMP/t.json" '"traceEvents"'
 check lower_tiny 0 "$BIN" lower --model gpt-tiny --plan dp=2,tp=2 -o "$TMP/tiny.json"
 check compare_tiny 0 "$BIN" compare "$TMP/tiny.json" --cluster commodity-4x8 --json
 contains compare_json "$TMP/out" '"best_scheduler"'
+(cd "$TMP" && "$BIN" simulate "$TMP/tiny.json" --scheduler ddp --dump-after schedule >/dev/null 2>&1)
+contains dump_after_shows_fused_buckets "$TMP/concerto.schedule.json" '"name": "fused.'
+check write_schedule 0 "$BIN" simulate "$TMP/tiny.json" --scheduler megatron --write-schedule "$TMP/s.json" --write-program "$TMP/p.json"
+check simulate_given_schedule 0 "$BIN" simulate "$TMP/p.json" --schedule "$TMP/s.json" --json
+contains given_schedule_name "$TMP/out" '"scheduler": "megatron"'
+check schedule_for_other_program 1 "$BIN" simulate "$TMP/tiny.json" --schedule "$TMP/s.json"
+contains schedule_rejected "$TMP/err" "fails verification"
 check bad_plan 1 "$BIN" lower --model gpt-tiny --plan dp=2,tp=3 -o "$TMP/x.json"
 check deadlock_is_error 1 "$BIN" simulate "$ROOT/tests/golden/deadlock_p2p.json"
 contains deadlock_message "$TMP/err" "deadlock"
