@@ -8,7 +8,44 @@ namespace concerto {
 
 std::vector<std::string> PassNames() { return {"read", "schedule"}; }
 
-std::vector<std::string> SchedulerNames() { return BaselineNames(); }
+std::vector<std::string> SchedulerNames() {
+  std::vector<std::string> names = BaselineNames();
+  names.push_back("concerto");
+  return names;
+}
+
+ConcertoOptions ToConcertoOptions(const Options& options) {
+  ConcertoOptions c;
+  c.solver = options.solver;
+  c.block_ops = static_cast<int>(options.Get("block"));
+  c.rounds = static_cast<int>(options.Get("rounds"));
+  c.window_time_limit_s = options.Get("window-time-limit");
+  c.time_budget_s = options.Get("time-budget");
+  c.baselines = ToBaselineOptions(options);
+  c.sim.interference = options.Get("interference");
+  return c;
+}
+
+nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
+  nlohmann::json j = {{"solver", r.solver},
+                      {"incumbent", r.incumbent},
+                      {"incumbent_makespan_us", r.incumbent_makespan_us},
+                      {"final_makespan_us", r.final_makespan_us},
+                      {"lower_bound_us", r.lower_bound_us},
+                      {"gap", r.gap},
+                      {"rounds_run", r.rounds_run},
+                      {"windows_solved", r.windows_solved},
+                      {"windows_optimal", r.windows_optimal},
+                      {"windows_feasible_at_limit", r.windows_feasible},
+                      {"windows_unsolved", r.windows_unsolved},
+                      {"fused_collectives", r.fused_collectives},
+                      {"fusion_gain_us", r.fusion_gain_us},
+                      {"search_seconds", r.seconds},
+                      {"reached_lower_bound", r.reached_lower_bound},
+                      {"hit_time_budget", r.hit_time_budget},
+                      {"makespan_after_round_us", r.makespan_after_round_us}};
+  return j;
+}
 
 BaselineOptions ToBaselineOptions(const Options& options) {
   BaselineOptions b;
@@ -48,8 +85,17 @@ Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Opt
 }  // namespace
 
 Result<RunResult> RunScheduler(const Program& program, const std::string& scheduler, const CostModel& cost,
-                               const Options& options, const PassHook& hook) {
+                               const Options& options, const PassHook& hook, const ProgressFn& progress) {
   if (hook) hook("read", program);
+  if (scheduler == "concerto") {
+    ConcertoReport report;
+    Result<ScheduledProgram> sp = RunConcerto(program, cost, ToConcertoOptions(options), &report, progress);
+    if (!sp.ok()) return sp.status();
+    if (hook) hook("schedule", sp->program);
+    Result<RunResult> run = Evaluate(std::move(sp).value(), cost, options);
+    if (run.ok()) run->concerto = report;
+    return run;
+  }
   Result<ScheduledProgram> sp = RunBaseline(scheduler, program, cost, ToBaselineOptions(options));
   if (!sp.ok()) return sp.status();
   if (hook) hook("schedule", sp->program);
@@ -61,13 +107,14 @@ Result<RunResult> RunGivenSchedule(const Program& program, const Schedule& sched
   return Evaluate(ScheduledProgram{program, schedule}, cost, options);
 }
 
+
 Result<std::vector<RunResult>> Compare(const Program& program, const std::vector<std::string>& schedulers,
                                        const CostModel& cost, const Options& options,
                                        const std::function<void(const std::string&)>& progress) {
   std::vector<RunResult> runs;
   for (const auto& name : schedulers) {
     if (progress) progress("scheduling and simulating with '" + name + "'");
-    Result<RunResult> run = RunScheduler(program, name, cost, options);
+    Result<RunResult> run = RunScheduler(program, name, cost, options, nullptr, progress);
     if (!run.ok()) return Status::Error("scheduler '" + name + "': " + run.status().message());
     runs.push_back(std::move(run).value());
   }
@@ -105,6 +152,7 @@ nlohmann::json CompareJson(const std::vector<RunResult>& runs, const LowerBound&
     nlohmann::json s = SummaryJson(r.summary);
     s.erase("critical_path");
     s.erase("busy_us");
+    if (r.concerto) s["concerto"] = ConcertoReportJson(*r.concerto);
     j["results"].push_back(s);
     if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us, best_name = r.summary.scheduler;
   }

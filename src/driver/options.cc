@@ -16,6 +16,10 @@ const std::vector<OptionSpec>& OptionTable() {
        "Megatron: minimum gradient bucket (the bucket is max(this, 1e6 x dp))"},
       {"zero-reduce-bucket", "elements", 5e8, 1, 1e13, "ZeRO: reduce-scatter bucket size"},
       {"zero-prefetch-bucket", "elements", 5e7, 1, 1e13, "ZeRO: all-gather prefetch bucket size"},
+      {"block", "ops", 125, 2, 1e6, "concerto: ops per block; each window solves two adjacent blocks"},
+      {"rounds", "rounds", 4, 0, 1000, "concerto: odd-even rounds (each an odd and an even pass)"},
+      {"window-time-limit", "s", 1, 0.01, 3600, "concerto: solver time limit per window"},
+      {"time-budget", "s", 60, 0.1, 86400, "concerto: time limit of the whole search"},
   };
   return table;
 }

@@ -1,33 +1,278 @@
+// Parallel plans: parsing "dp=4,tp=8,sp,zero=2" and checking a plan against
+// a model. Every error names the item or the constraint that failed.
 #include "concerto/lower/plan.h"
 
 #include <charconv>
+#include <cstdint>
 #include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "concerto/lower/transformer.h"
 
 namespace concerto {
+namespace {
 
-Result<DpTpPlan> ParseDpTpPlan(const std::string& text) {
-  DpTpPlan plan;
-  std::set<std::string> seen;
+/// Largest accepted degree (keeps products of degrees far from overflow).
+constexpr int kMaxDegree = 1 << 20;
+
+constexpr const char* kKnownKeys = "dp, tp, pp, ep, sp, zero, microbatches, dap";
+
+/// `text` without leading and trailing spaces and tabs.
+std::string Trim(const std::string& text) {
+  const size_t first = text.find_first_not_of(" \t");
+  if (first == std::string::npos) return "";
+  const size_t last = text.find_last_not_of(" \t");
+  return text.substr(first, last - first + 1);
+}
+
+/// The items of a comma-separated list, trimmed, empty ones dropped.
+std::vector<std::string> SplitItems(const std::string& text) {
+  std::vector<std::string> items;
   size_t pos = 0;
   while (pos <= text.size()) {
     size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    pos = comma == std::string::npos ? text.size() + 1 : comma + 1;
-    if (item.empty()) continue;
-    size_t eq = item.find('=');
-    if (eq == std::string::npos)
-      return Status::Error("plan '" + text + "': item '" + item + "' is not KEY=VALUE (e.g. dp=4,tp=8)");
-    std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (key != "dp" && key != "tp")
-      return Status::Error("plan '" + text + "': unknown key '" + key + "' (this frontend knows dp and tp)");
-    if (!seen.insert(key).second) return Status::Error("plan '" + text + "': key '" + key + "' given twice");
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = Trim(text.substr(pos, comma - pos));
+    if (!item.empty()) items.push_back(std::move(item));
+    pos = comma + 1;
+  }
+  return items;
+}
+
+/// Parses plan items one at a time into a ParallelPlan.
+class PlanParser {
+ public:
+  explicit PlanParser(const std::string& text) : text_(text) {}
+
+  /// Parses every item, then the checks that span items.
+  Result<ParallelPlan> Parse() {
+    for (const std::string& item : SplitItems(text_)) CONCERTO_RETURN_IF_ERROR(ParseItem(item));
+    if (plan_.sp && plan_.tp <= 1)
+      return Error("sp (sequence parallelism) shards over the tp group and needs tp > 1, got tp=" +
+                   std::to_string(plan_.tp));
+    return plan_;
+  }
+
+ private:
+  Status Error(const std::string& what) const {
+    return Status::Error("plan '" + text_ + "': " + what);
+  }
+  Status ItemError(const std::string& item, const std::string& what) const {
+    return Error("item '" + item + "': " + what);
+  }
+
+  /// One "key=value" or bare-flag item.
+  Status ParseItem(const std::string& item) {
+    const size_t eq = item.find('=');
+    const std::string key = Trim(item.substr(0, eq));
+    const bool has_value = eq != std::string::npos;
+    const std::string value = has_value ? Trim(item.substr(eq + 1)) : "";
+    if (!IsKnown(key))
+      return ItemError(item, "unknown key '" + key + "' (known: " + std::string(kKnownKeys) + ")");
+    if (!seen_.insert(key).second) return ItemError(item, "key '" + key + "' is given twice");
+    if (key == "sp" || key == "dap") return ParseFlag(item, key, has_value, value);
+    if (!has_value) return ItemError(item, "'" + key + "' needs a value (" + key + "=N)");
+    if (key == "zero") return ParseInt(item, key, value, 0, 3, &plan_.zero);
+    return ParseInt(item, key, value, 1, kMaxDegree, IntField(key));
+  }
+
+  static bool IsKnown(const std::string& key) {
+    static const std::set<std::string> kKeys = {"dp",   "tp",           "pp",  "ep",
+                                                "sp",   "zero",         "dap", "microbatches"};
+    return kKeys.count(key) > 0;
+  }
+
+  int* IntField(const std::string& key) {
+    if (key == "dp") return &plan_.dp;
+    if (key == "tp") return &plan_.tp;
+    if (key == "pp") return &plan_.pp;
+    if (key == "ep") return &plan_.ep;
+    return &plan_.microbatches;
+  }
+
+  /// A flag: bare ("sp"), or "=1" / "=0".
+  Status ParseFlag(const std::string& item, const std::string& key, bool has_value,
+                   const std::string& value) {
+    bool* flag = key == "sp" ? &plan_.sp : &plan_.dap;
+    if (!has_value || value == "1") {
+      *flag = true;
+    } else if (value == "0") {
+      *flag = false;
+    } else {
+      return ItemError(item, "'" + key + "' is a flag: write '" + key + "' or " + key + "=1 / " +
+                                 key + "=0, got '" + value + "'");
+    }
+    return Status::Ok();
+  }
+
+  /// An integer value in [lo, hi].
+  Status ParseInt(const std::string& item, const std::string& key, const std::string& value,
+                  int lo, int hi, int* out) {
     int n = 0;
     auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
-    if (ec != std::errc() || end != value.data() + value.size() || n < 1)
-      return Status::Error("plan '" + text + "': " + key + " must be a positive integer, got '" + value + "'");
-    (key == "dp" ? plan.dp : plan.tp) = n;
+    const bool whole = ec == std::errc() && end == value.data() + value.size() && !value.empty();
+    if (!whole || n < lo || n > hi) {
+      const std::string range = key == "zero" ? "0, 1, 2 or 3"
+                                              : "an integer from " + std::to_string(lo) + " to " +
+                                                    std::to_string(hi);
+      return ItemError(item, key + " must be " + range + ", got '" + value + "'");
+    }
+    *out = n;
+    return Status::Ok();
   }
-  return plan;
+
+  const std::string& text_;
+  ParallelPlan plan_;
+  std::set<std::string> seen_;
+};
+
+/// Checks plans against a model; Fail() prefixes the plan and model.
+class PlanChecker {
+ public:
+  PlanChecker(const ModelConfig& model, const ParallelPlan& plan, int world_size)
+      : m_(model), p_(plan), world_(world_size) {}
+
+  /// Every constraint, in the order documented in plan.h.
+  Status Check() const {
+    CONCERTO_RETURN_IF_ERROR(Degrees());
+    CONCERTO_RETURN_IF_ERROR(WorldSize());
+    CONCERTO_RETURN_IF_ERROR(TensorParallel());
+    CONCERTO_RETURN_IF_ERROR(Pipeline());
+    CONCERTO_RETURN_IF_ERROR(Experts());
+    CONCERTO_RETURN_IF_ERROR(Zero());
+    if (p_.dap)
+      return Fail("dap (dynamic axial parallelism) needs an Evoformer model; '" + m_.name +
+                  "' is a " + std::string(ToString(m_.family)) + " decoder");
+    return Status::Ok();
+  }
+
+ private:
+  Status Fail(const std::string& what) const {
+    return Status::Error("plan '" + PlanToString(p_) + "' for model '" + m_.name + "': " + what);
+  }
+  /// Error unless `divisor` divides `value`, as "tp (3) must divide heads (4)".
+  Status Divides(const std::string& divisor_name, int64_t divisor, const std::string& value_name,
+                 int64_t value) const {
+    if (divisor > 0 && value % divisor == 0) return Status::Ok();
+    return Fail(divisor_name + " (" + std::to_string(divisor) + ") must divide " + value_name +
+                " (" + std::to_string(value) + ")");
+  }
+  Status AtLeast(const std::string& name, int value, int lo) const {
+    if (value >= lo) return Status::Ok();
+    return Fail(name + " must be >= " + std::to_string(lo) + ", got " + std::to_string(value));
+  }
+
+  Status Degrees() const {
+    CONCERTO_RETURN_IF_ERROR(AtLeast("dp", p_.dp, 1));
+    CONCERTO_RETURN_IF_ERROR(AtLeast("tp", p_.tp, 1));
+    CONCERTO_RETURN_IF_ERROR(AtLeast("pp", p_.pp, 1));
+    CONCERTO_RETURN_IF_ERROR(AtLeast("ep", p_.ep, 1));
+    CONCERTO_RETURN_IF_ERROR(AtLeast("microbatches", p_.microbatches, 1));
+    if (p_.zero < 0 || p_.zero > 3)
+      return Fail("zero must be 0, 1, 2 or 3, got " + std::to_string(p_.zero));
+    if (p_.sp && p_.tp <= 1) return Fail("sp (sequence parallelism) needs tp > 1");
+    return Status::Ok();
+  }
+
+  /// tp*pp divides the world size and dp*tp*pp equals it (when it is given).
+  Status WorldSize() const {
+    if (world_ <= 0) return Status::Ok();
+    const int64_t tp_pp = int64_t{p_.tp} * p_.pp;
+    const int64_t all = tp_pp * p_.dp;
+    if (world_ % tp_pp != 0)
+      return Fail("tp x pp (" + std::to_string(tp_pp) + ") must divide the world size (" +
+                  std::to_string(world_) + ")");
+    if (all != world_)
+      return Fail("dp x tp x pp (" + std::to_string(all) + ") must equal the world size (" +
+                  std::to_string(world_) + "); dp=" + std::to_string(world_ / tp_pp) + " would");
+    return Status::Ok();
+  }
+
+  Status TensorParallel() const {
+    CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "heads", m_.heads));
+    CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "kv_heads", m_.kv_heads));
+    CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "vocab", m_.vocab));
+    CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "ffn_hidden", m_.ffn_hidden));
+    if (p_.sp) CONCERTO_RETURN_IF_ERROR(Divides("tp (sequence parallel)", p_.tp, "seq", m_.seq));
+    return Status::Ok();
+  }
+
+  Status Pipeline() const {
+    CONCERTO_RETURN_IF_ERROR(Divides("pp", p_.pp, "layers", m_.layers));
+    if (p_.pp > 1 && p_.microbatches < p_.pp)
+      return Fail("1F1B needs microbatches >= pp, got microbatches=" +
+                  std::to_string(p_.microbatches) + " < pp=" + std::to_string(p_.pp));
+    return Status::Ok();
+  }
+
+  Status Experts() const {
+    if (p_.ep <= 1) return Status::Ok();
+    return Fail("ep (" + std::to_string(p_.ep) +
+                ") must divide the number of experts, and '" + m_.name + "' is a dense " +
+                std::string(ToString(m_.family)) + " decoder with no experts");
+  }
+
+  /// ZeRO shards every parameter on its first dimension over dp.
+  Status Zero() const {
+    if (p_.zero == 0) return Status::Ok();
+    if (p_.dp <= 1)
+      return Fail("zero=" + std::to_string(p_.zero) + " shards over dp and needs dp > 1");
+    const std::string dp = "dp (ZeRO shards dim 0 of every parameter)";
+    CONCERTO_RETURN_IF_ERROR(Divides(dp, p_.dp, "hidden", m_.hidden));
+    if (p_.tp > 1)
+      CONCERTO_RETURN_IF_ERROR(Divides(dp, p_.dp, "hidden/tp", m_.hidden / p_.tp));
+    CONCERTO_RETURN_IF_ERROR(Divides(dp, p_.dp, "ffn_hidden/tp", m_.ffn_hidden / p_.tp));
+    CONCERTO_RETURN_IF_ERROR(Divides(dp, p_.dp, "vocab/tp", m_.vocab / p_.tp));
+    if (m_.family == ModelFamily::kGpt)
+      CONCERTO_RETURN_IF_ERROR(Divides(dp, p_.dp, "seq (the position table)", m_.seq));
+    return Status::Ok();
+  }
+
+  const ModelConfig& m_;
+  const ParallelPlan& p_;
+  int64_t world_;
+};
+
+}  // namespace
+
+Result<ParallelPlan> ParsePlan(const std::string& text) { return PlanParser(text).Parse(); }
+
+std::string PlanToString(const ParallelPlan& plan) {
+  std::string s = "dp=" + std::to_string(plan.dp) + ",tp=" + std::to_string(plan.tp);
+  if (plan.pp != 1) s += ",pp=" + std::to_string(plan.pp);
+  if (plan.ep != 1) s += ",ep=" + std::to_string(plan.ep);
+  if (plan.sp) s += ",sp";
+  if (plan.zero != 0) s += ",zero=" + std::to_string(plan.zero);
+  if (plan.microbatches != 1) s += ",microbatches=" + std::to_string(plan.microbatches);
+  if (plan.dap) s += ",dap";
+  return s;
+}
+
+Status ValidatePlan(const ModelConfig& model, const ParallelPlan& plan, int world_size) {
+  return PlanChecker(model, plan, world_size).Check();
+}
+
+Result<DpTpPlan> ParseDpTpPlan(const std::string& text) {
+  Result<ParallelPlan> plan = ParsePlan(text);
+  if (!plan.ok()) return plan.status();
+  const ParallelPlan& p = *plan;
+  ParallelPlan only_dp_tp;
+  only_dp_tp.dp = p.dp;
+  only_dp_tp.tp = p.tp;
+  if (PlanToString(p) != PlanToString(only_dp_tp))
+    return Status::Error("plan '" + text +
+                         "': this entry point takes dp and tp only; use ParsePlan and "
+                         "LowerTransformer for pp, ep, sp, zero, microbatches and dap");
+  return DpTpPlan{p.dp, p.tp};
+}
+
+ParallelPlan ToParallelPlan(const DpTpPlan& plan) {
+  ParallelPlan p;
+  p.dp = plan.dp;
+  p.tp = plan.tp;
+  return p;
 }
 
 }  // namespace concerto

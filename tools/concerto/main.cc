@@ -16,6 +16,7 @@
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/plan.h"
 #include "concerto/report/report.h"
+#include "concerto/schedule/window_solver.h"
 
 namespace {
 
@@ -27,6 +28,7 @@ constexpr int kExitUsage = 2;
 /// Flags shared by the commands that price and simulate.
 struct CommonFlags {
   std::string cluster = "a800-4x8";
+  std::string solver = "gecode";
   std::string profile;
   bool json = false;
   std::map<std::string, double> numeric;  // from OptionTable, only those given
@@ -49,6 +51,9 @@ void AddCommonFlags(CLI::App* cmd, CommonFlags& flags) {
       ->capture_default_str();
   cmd->add_option("--profile", flags.profile, "profile database (JSON) of measured op durations");
   cmd->add_flag("--json", flags.json, "print one JSON object instead of tables");
+  cmd->add_option("--solver", flags.solver, "concerto: window solver backend (gecode, cbc)")
+      ->capture_default_str()
+      ->check(CLI::IsMember(WindowSolverNames()));
   AddNumericOptions(cmd, flags);
 }
 
@@ -61,6 +66,7 @@ int Fail(const Status& status) {
 Result<Options> BuildOptions(const CommonFlags& flags) {
   Options options;
   for (const auto& [name, value] : flags.numeric) CONCERTO_RETURN_IF_ERROR(options.Set(name, value));
+  options.solver = flags.solver;
   return options;
 }
 
@@ -189,6 +195,56 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
   return 0;
 }
 
+// ---- schedule ----
+struct ScheduleFlags {
+  std::string file;
+  std::string scheduler = "concerto";
+  std::string output;
+  std::string write_program;
+};
+
+int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
+  Result<Program> program = ReadProgramFile(sf.file);
+  if (!program.ok()) return Fail(program.status());
+  Result<Options> options = BuildOptions(flags);
+  if (!options.ok()) return Fail(options.status());
+  Result<std::unique_ptr<CostModel>> cost = BuildCostModel(flags);
+  if (!cost.ok()) return Fail(cost.status());
+  if (Status s = CheckProgramFitsCluster(*program, **cost); !s.ok()) return Fail(s);
+  Result<RunResult> run = RunScheduler(*program, sf.scheduler, **cost, *options, nullptr, Progress);
+  if (!run.ok()) return Fail(run.status());
+  if (Status s = WriteFile(sf.output, WriteSchedule(run->scheduled.schedule)); !s.ok()) return Fail(s);
+  // The schedule may name ops a rewrite created (fused collectives): write the
+  // program it belongs to as well.
+  std::string program_path = sf.write_program.empty() ? sf.output + ".program.json" : sf.write_program;
+  if (Status s = WriteFile(program_path, WriteProgram(run->scheduled.program)); !s.ok()) return Fail(s);
+  const Summary& s = run->summary;
+  if (flags.json) {
+    nlohmann::json j = SummaryJson(s);
+    j.erase("critical_path");
+    j["cluster"] = (*cost)->cluster().name;
+    j["schedule_file"] = sf.output;
+    j["program_file"] = program_path;
+    if (run->concerto) j["concerto"] = ConcertoReportJson(*run->concerto);
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format("{} on {}: iteration {:.3f} ms, lower bound {:.3f} ms (T/LB {:.3f})\n", s.scheduler,
+                           (*cost)->cluster().name, s.makespan_us / 1e3, s.bound.lower_bound_us / 1e3,
+                           s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0);
+  if (run->concerto) {
+    const ConcertoReport& r = *run->concerto;
+    std::cout << fmt::format(
+        "started from '{}' at {:.3f} ms; {} rounds, {} windows ({} optimal, {} feasible at the limit, {} unsolved) "
+        "with {}; {} collectives fused; gap to the bound {:.1f}%; {:.1f} s{}\n",
+        r.incumbent, r.incumbent_makespan_us / 1e3, r.rounds_run, r.windows.size(), r.windows_optimal,
+        r.windows_feasible, r.windows_unsolved, r.solver, r.fused_collectives, 100 * r.gap, r.seconds,
+        r.hit_time_budget ? " (time budget reached)" : "");
+  }
+  std::cout << fmt::format("schedule written to {}, program to {}\n", sf.output, program_path);
+  return 0;
+}
+
 // ---- compare ----
 Status RunCompare(const Program& program, const CommonFlags& flags, const std::vector<std::string>& schedulers,
                   std::vector<RunResult>* runs, LowerBound* bound, std::string* cluster_name) {
@@ -260,6 +316,9 @@ int CmdDemo(const std::string& trace, bool json) {
   for (const std::string cluster : {"a800-4x8", "commodity-4x8"}) {
     CommonFlags flags;
     flags.cluster = cluster;
+    // Keep the demo short: the search stops after 8 s per cluster.
+    flags.numeric["time-budget"] = 8;
+    flags.numeric["window-time-limit"] = 0.25;
     std::vector<RunResult> runs;
     LowerBound bound;
     std::string name;
@@ -313,6 +372,17 @@ int main(int argc, char** argv) {
   simulate->add_flag("--all-ranks", sf.all_ranks, "simulate every rank, even where one per role is exact");
   AddCommonFlags(simulate, flags);
 
+  ScheduleFlags schedf;
+  auto* schedule = app.add_subcommand("schedule", "schedule a program (concerto by default) and write the schedule");
+  schedule->add_option("FILE", schedf.file, "program in the IR's JSON form")->required();
+  schedule->add_option("--scheduler", schedf.scheduler, "scheduler: " + fmt::format("{}", fmt::join(SchedulerNames(), ", ")))
+      ->capture_default_str()
+      ->check(CLI::IsMember(SchedulerNames()));
+  schedule->add_option("-o,--output", schedf.output, "where to write the schedule (JSON)")->required();
+  schedule->add_option("--write-program", schedf.write_program,
+                       "where to write the program the schedule belongs to (default: OUTPUT.program.json)");
+  AddCommonFlags(schedule, flags);
+
   std::string compare_file;
   std::vector<std::string> compare_schedulers;
   auto* compare = app.add_subcommand("compare", "every scheduler side by side on one program");
@@ -333,7 +403,8 @@ int main(int argc, char** argv) {
 
   std::string demo_trace = "concerto_demo_trace.json";
   bool demo_json = false;
-  auto* demo = app.add_subcommand("demo", "GPT-1.3B (dp=4, tp=8) on a800-4x8 and commodity-4x8, every scheduler");
+  auto* demo = app.add_subcommand(
+      "demo", "GPT-1.3B (dp=4, tp=8) on a800-4x8 and commodity-4x8, every scheduler including concerto");
   demo->add_option("--trace", demo_trace, "write the best a800-4x8 schedule's Chrome trace here")->capture_default_str();
   demo->add_flag("--json", demo_json, "print one JSON object");
 
@@ -354,6 +425,7 @@ int main(int argc, char** argv) {
   if (*validate) return CmdValidate(validate_file, validate_json);
   if (*simulate) return CmdSimulate(sf, flags);
   if (*compare) return CmdCompare(compare_file, flags, compare_schedulers);
+  if (*schedule) return CmdSchedule(schedf, flags);
   if (*lower) return CmdLower(lower_model, lower_plan, lower_out, lower_json);
   if (*demo) return CmdDemo(demo_trace, demo_json);
   if (*clusters) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "concerto/driver/options.h"
 #include "concerto/report/report.h"
 #include "concerto/schedule/schedule.h"
+#include "concerto/schedule/concerto_scheduler.h"
 #include "concerto/schedule/scheduler.h"
 #include "concerto/sim/simulator.h"
 
@@ -27,17 +29,24 @@ std::vector<std::string> SchedulerNames();
 /// BaselineOptions filled from the option table.
 BaselineOptions ToBaselineOptions(const Options& options);
 
+/// ConcertoOptions filled from the option table.
+ConcertoOptions ToConcertoOptions(const Options& options);
+
 /// One scheduler run end to end on one cost model.
 struct RunResult {
   ScheduledProgram scheduled;
   Timeline timeline;
   Summary summary;
+  std::optional<ConcertoReport> concerto;  // set for the concerto scheduler
 };
 
 /// Schedules with `scheduler`, checks the schedule with the independent
 /// verifier (a violation is an error listing them), simulates and summarizes.
 Result<RunResult> RunScheduler(const Program& program, const std::string& scheduler, const CostModel& cost,
-                               const Options& options, const PassHook& hook = nullptr);
+                               const Options& options, const PassHook& hook = nullptr,
+                               const ProgressFn& progress = nullptr);
+/// The concerto report as one JSON object.
+nlohmann::json ConcertoReportJson(const ConcertoReport& report);
 
 /// Simulates a given schedule (after verifying it).
 Result<RunResult> RunGivenSchedule(const Program& program, const Schedule& schedule, const CostModel& cost,

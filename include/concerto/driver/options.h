@@ -33,6 +33,8 @@ class Options {
 
   /// Simulate every rank even where one representative per role is exact.
   bool all_ranks = false;
+  /// Window solver backend of the concerto scheduler ("gecode" or "cbc").
+  std::string solver = "gecode";
 
  private:
   std::map<std::string, double> values_;

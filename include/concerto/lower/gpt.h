@@ -1,6 +1,6 @@
-// GPT-style decoder lowered to the IR for data parallelism and Megatron
-// tensor parallelism: one SPMD graph with real local shapes, sharding specs,
-// flops, bytes and collectives. Conventions are in docs/workloads.md.
+// GPT entry points kept for existing callers (the CLI, the benchmarks): a
+// thin layer over concerto/lower/transformer.h, which lowers GPT and LLaMA
+// models under any ParallelPlan. Conventions are in docs/workloads.md.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "concerto/ir/ir.h"
+#include "concerto/lower/plan.h"
+#include "concerto/lower/transformer.h"
 #include "concerto/util/status.h"
 
 namespace concerto {
@@ -31,11 +33,9 @@ std::vector<std::string> GptPresetNames();
 /// A preset configuration by name; an error listing the known names otherwise.
 Result<GptConfig> GptPreset(const std::string& name);
 
-/// Data parallelism over mesh axis "dp", Megatron tensor parallelism over "tp".
-struct DpTpPlan {
-  int dp = 1;
-  int tp = 1;
-};
+/// The ModelConfig (family gpt, kv_heads = heads, ffn_hidden = ffn_mult * h)
+/// of a GptConfig.
+ModelConfig ToModelConfig(const GptConfig& config);
 
 /// Ok when `plan` can shard `config`: positive sizes, tp dividing heads,
 /// vocab, hidden and ffn_mult * hidden, heads dividing hidden.
@@ -48,6 +48,7 @@ int64_t GptParameterCount(const GptConfig& config);
 
 /// One training step (forward, backward, Adam) of `config` under `plan` as a
 /// Program: mesh {dp, tp}, one graph "main" run by every rank (role "spmd").
+/// Same as LowerTransformer(ToModelConfig(config), ToParallelPlan(plan)).
 Result<Program> LowerGpt(const GptConfig& config, const DpTpPlan& plan);
 
 }  // namespace concerto

@@ -1,0 +1,82 @@
+// Dense decoder transformers (GPT and LLaMA style) lowered to the IR under a
+// ParallelPlan: data parallelism (plain or ZeRO 1/2/3), Megatron tensor
+// parallelism and sequence parallelism. One SPMD graph with real local
+// shapes, sharding specs, flops, bytes and collectives. The op list, the
+// collective placement and the conventions are in docs/workloads.md and
+// docs/frontends.md.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "concerto/ir/ir.h"
+#include "concerto/lower/plan.h"
+#include "concerto/util/status.h"
+
+namespace concerto {
+
+/// gpt: pre-LayerNorm, learned positions, GELU MLP, fused QKV, LM head tied
+/// to the word embedding. llama: pre-RMSNorm, no position table (RoPE is not
+/// modelled), SwiGLU MLP, separate Q/K/V (grouped-query when kv_heads <
+/// heads), untied LM head. Neither has linear biases.
+enum class ModelFamily { kGpt, kLlama };
+
+std::string_view ToString(ModelFamily family);
+std::optional<ModelFamily> ParseModelFamily(std::string_view text);
+
+/// A decoder model. Sizes are global (unsharded).
+struct ModelConfig {
+  std::string name;
+  ModelFamily family = ModelFamily::kGpt;
+  int layers = 0;
+  int hidden = 0;      // h
+  int heads = 0;       // query heads a; head dim d = h / a
+  int kv_heads = 0;    // key/value heads (== heads: multi-head attention)
+  int ffn_hidden = 0;  // MLP inner width (gpt: 4h; llama-7b: 11008)
+  int seq = 0;         // s
+  int vocab = 0;       // V
+  int batch = 0;       // B: sequences per data-parallel rank per step
+  DType dtype = DType::kBF16;
+};
+
+/// Names accepted by ModelPreset, GPT family first, smallest first in each
+/// family ("gpt-tiny" and "llama-tiny" are for tests).
+std::vector<std::string> ModelPresetNames();
+/// A preset by name; an error listing the known names otherwise.
+Result<ModelConfig> ModelPreset(const std::string& name);
+
+/// Parses a model spec (YAML, or JSON, which YAML reads too): a map with
+/// family, layers, hidden, heads, seq, vocab (required), kv_heads (default
+/// heads), ffn_hidden (default 4*hidden for gpt; required for llama), batch
+/// (default 1), dtype (default bf16), name (default `default_name`).
+/// `source` names the file in errors, which also name the field.
+Result<ModelConfig> ParseModelSpec(const std::string& text, const std::string& source,
+                                   const std::string& default_name);
+/// Reads and parses a model spec file; the default name is the file's stem.
+Result<ModelConfig> LoadModelFile(const std::string& path);
+/// A preset when `name_or_path` is one, else a model spec file; the error
+/// lists the presets when it is neither.
+Result<ModelConfig> LoadModel(const std::string& name_or_path);
+
+/// Ok when every size is positive, heads divides hidden and kv_heads divides
+/// heads; otherwise the first broken constraint, named.
+Status ValidateModel(const ModelConfig& model);
+
+/// Trainable parameters of the whole model (docs/workloads.md has the formula
+/// per family): per layer attention 2h^2 + 2h*kv_heads*d, MLP 2h*f (gpt) or
+/// 3h*f (llama), norms 4h (gpt) or 2h (llama); plus V*h word embedding, and
+/// for gpt s*h positions + 2h final LayerNorm, for llama h final RMSNorm +
+/// V*h untied head.
+int64_t ModelParameterCount(const ModelConfig& model);
+
+/// One training step (forward, backward, Adam) of `model` under `plan` as a
+/// Program: mesh {dp, tp}, one graph "main" that every rank runs (role
+/// "spmd"). ValidateModel and ValidatePlan errors are returned as they are;
+/// pp > 1, ep > 1, dap and microbatches > 1 are "not implemented yet in this
+/// frontend" errors.
+Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& plan);
+
+}  // namespace concerto

@@ -1,0 +1,71 @@
+// The Concerto scheduler: start from the best baseline, then improve the
+// schedule by solving overlapping windows of it exactly (the odd-even
+// method), decode solved start times to per-stream orders, and fuse
+// adjacent collectives where the timeline says it pays. Anytime: it never
+// returns a schedule worse than its starting point.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "concerto/cost/cost_model.h"
+#include "concerto/schedule/schedule.h"
+#include "concerto/schedule/scheduler.h"
+#include "concerto/schedule/window_solver.h"
+#include "concerto/sim/simulator.h"
+
+namespace concerto {
+
+struct ConcertoOptions {
+  std::string solver = "gecode";
+  int block_ops = 125;               // b: ops per block; a window is two blocks
+  int rounds = 4;                    // R: each round is an odd and an even pass
+  double window_time_limit_s = 1.0;  // per window solve
+  double time_budget_s = 60;         // all rounds together
+  bool fuse = true;                  // the fusion pass after decoding
+  SimOptions sim;                    // how candidates are simulated
+  BaselineOptions baselines;         // for the incumbent
+};
+
+struct WindowReport {
+  int round = 0;
+  int pass = 0;         // 0: odd pass (0,1),(2,3)...; 1: even pass (1,2),(3,4)...
+  int first_block = 0;
+  int tasks = 0;        // ops in the window (plus fixed blockers)
+  SolveStatus status = SolveStatus::kNoSolution;
+  double objective_us = 0;
+  double bound_us = 0;
+  double gap = 0;
+  double seconds = 0;
+};
+
+struct ConcertoReport {
+  std::string solver;
+  std::string incumbent;          // the baseline the search started from
+  double incumbent_makespan_us = 0;
+  double final_makespan_us = 0;
+  double lower_bound_us = 0;
+  double gap = 0;                 // (final - LB) / final
+  int rounds_run = 0;
+  int windows_solved = 0;
+  int windows_optimal = 0;
+  int windows_feasible = 0;       // feasible at the time limit
+  int windows_unsolved = 0;       // no answer in time (the window kept its order)
+  int fused_collectives = 0;      // collectives merged by the fusion pass
+  double fusion_gain_us = 0;
+  double seconds = 0;
+  bool reached_lower_bound = false;
+  bool hit_time_budget = false;
+  std::vector<double> makespan_after_round_us;
+  std::vector<WindowReport> windows;
+};
+
+/// Progress: one line per pass (round, windows, best makespan).
+using ProgressFn = std::function<void(const std::string&)>;
+
+/// Runs the Concerto scheduler on `program`.
+Result<ScheduledProgram> RunConcerto(const Program& program, const CostModel& cost, const ConcertoOptions& options,
+                                     ConcertoReport* report, const ProgressFn& progress = nullptr);
+
+}  // namespace concerto

@@ -1,0 +1,125 @@
+// One window of the odd-even method as a resource-constrained project
+// scheduling problem, and the solver interface that answers it. Nothing
+// outside src/schedule/solver_*.cc includes a solver's headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "concerto/util/status.h"
+
+namespace concerto {
+
+/// Times are integer ticks (the caller scales microseconds).
+struct WindowTask {
+  int64_t duration = 0;
+  int resource = 0;        // index of the stream (a unary resource)
+  int64_t release = 0;     // earliest start
+  int64_t deadline = 0;    // latest finish (start + duration <= deadline)
+  bool is_comm = false;    // decoding tie-break: communication first
+  int64_t memory_bytes = 0;  // reserved for the memory-budget extension
+};
+
+struct WindowProblem {
+  std::vector<WindowTask> tasks;
+  std::vector<std::pair<int, int>> precedences;  // (before, after): after starts once before ends
+  int num_resources = 0;
+  /// A known feasible start time per task (the incumbent), or empty.
+  std::vector<int64_t> hint;
+};
+
+enum class SolveStatus { kOptimal, kFeasible, kInfeasible, kNoSolution };
+std::string_view ToString(SolveStatus status);
+
+/// A solver's answer. `status` says what the solver proved: optimal, a
+/// feasible answer when the limit hit, infeasible, or nothing found in time.
+/// Call failures (bad problem, solver error) are the Result's error instead.
+struct WindowSolution {
+  SolveStatus status = SolveStatus::kNoSolution;
+  std::vector<int64_t> start;  // per task, when status is optimal or feasible
+  int64_t objective = 0;       // the window's finish: max(start + duration)
+  int64_t bound = 0;           // proven lower bound on the objective
+  double gap = 0;              // (objective - bound) / objective
+  double seconds = 0;
+  int64_t nodes = 0;           // search nodes explored
+};
+
+struct SolverOptions {
+  double time_limit_s = 10;
+  uint64_t seed = 1;
+};
+
+/// A solver backend (Gecode CP or CBC ILP).
+class WindowSolver {
+ public:
+  virtual ~WindowSolver() = default;
+  virtual std::string name() const = 0;
+  virtual Result<WindowSolution> Solve(const WindowProblem& problem, const SolverOptions& options) = 0;
+};
+
+/// "gecode" or "cbc"; an error naming the known backends otherwise.
+Result<std::unique_ptr<WindowSolver>> MakeWindowSolver(const std::string& name);
+std::vector<std::string> WindowSolverNames();
+
+/// Independent check of an answer: every violated release, deadline,
+/// precedence or resource overlap, one line each; also a wrong objective.
+std::vector<std::string> VerifyWindowSolution(const WindowProblem& problem, const WindowSolution& solution);
+
+/// Checks a problem before solving: sizes, indices, non-negative durations,
+/// release + duration <= deadline for every task.
+Status ValidateWindowProblem(const WindowProblem& problem);
+
+/// A lower bound on the objective of every feasible answer, independent of
+/// any solver: heads (releases pushed along precedences) plus tails (work that
+/// must follow along precedences), and per resource the largest
+/// `t + work on it that cannot start before t + smallest tail of that work`.
+/// Includes the per-resource load bound (min release + total duration).
+/// Requires a valid problem.
+int64_t WindowLowerBound(const WindowProblem& problem);
+
+/// The left-shifted schedule of `start`: tasks are taken in order of start
+/// (ties in precedence order) and each starts as early as its release, its
+/// predecessors and the previous task on its resource allow. When `start` is
+/// feasible the result is feasible and no task starts later. Zero-duration
+/// tasks do not occupy their resource. Requires a valid problem.
+std::vector<int64_t> LeftShiftStarts(const WindowProblem& problem, const std::vector<int64_t>& start);
+
+// ---- Shared by the backends (src/schedule/solver_*.cc) ----
+
+/// What every backend computes before searching.
+struct WindowPreparation {
+  std::vector<int> topo_order;      // tasks, predecessors first (smallest index first)
+  std::vector<int64_t> earliest_start;  // per task: release pushed along precedences
+  std::vector<int64_t> latest_start;    // per task: deadline/horizon pulled back along precedences
+  int64_t lower_bound = 0;          // WindowLowerBound
+  int64_t horizon = 0;              // some optimal answer finishes every task by then
+  bool infeasible = false;          // proven before search (a time window is empty)
+  std::vector<int64_t> hint;        // the hint, left-shifted (empty when none)
+  int64_t hint_objective = 0;       // its finish
+};
+
+/// Validates the problem and the hint (an infeasible hint is an error) and
+/// computes the preparation.
+Result<WindowPreparation> PrepareWindow(const WindowProblem& problem);
+
+/// What a backend's search returned.
+struct WindowSearchOutcome {
+  std::vector<int64_t> start;  // the best schedule the search found, or empty
+  bool exhausted = false;      // the search proved there is nothing better
+  int64_t bound = 0;           // the search's own lower bound (0 when none)
+  int64_t nodes = 0;
+};
+
+/// Turns a search outcome into the answer: keeps the better of the found
+/// schedule and the hint, left-shifts it, sets status, objective, bound and
+/// gap, and verifies it (a schedule failing verification is an error).
+Result<WindowSolution> FinishWindowSolution(const WindowProblem& problem, const WindowPreparation& prep,
+                                            const WindowSearchOutcome& outcome, double seconds);
+
+/// The backends behind MakeWindowSolver ("gecode", "cbc").
+std::unique_ptr<WindowSolver> NewGecodeWindowSolver();
+std::unique_ptr<WindowSolver> NewCbcWindowSolver();
+
+}  // namespace concerto

@@ -1,0 +1,1179 @@
+// Decoder transformers (GPT, LLaMA) lowered for dp (plain or ZeRO 1/2/3),
+// Megatron tp and sequence parallelism. The op list, the collective placement
+// and the flop conventions are in docs/workloads.md and docs/frontends.md.
+#include "concerto/lower/transformer.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cassert>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace concerto {
+namespace {
+
+using Shape = std::vector<int64_t>;
+using Sharding = std::vector<std::vector<std::string>>;
+using Axes = std::vector<std::string>;
+using Attrs = std::map<std::string, double>;
+
+// Flops per element of the non-matmul ops (docs/workloads.md). Attention and
+// matmul flops are exact formulas; these are nominal counts for the roofline.
+constexpr double kAddFlopsPerElem = 1;
+constexpr double kScaleFlopsPerElem = 1;
+constexpr double kGeluFlopsPerElem = 8;
+constexpr double kGeluGradFlopsPerElem = 12;
+constexpr double kSwigluFlopsPerElem = 6;       // silu (4) and the product (1), per output
+constexpr double kSwigluGradFlopsPerElem = 12;  // both input grads, per output
+constexpr double kLayerNormFlopsPerElem = 8;
+constexpr double kLayerNormGradFlopsPerElem = 16;
+constexpr double kRmsNormFlopsPerElem = 4;
+constexpr double kRmsNormGradFlopsPerElem = 8;
+constexpr double kEmbeddingGradFlopsPerElem = 1;  // scatter-add of dy
+constexpr double kReduceMaxFlopsPerElem = 1;
+constexpr double kSumExpFlopsPerElem = 3;  // subtract, exp, accumulate
+constexpr double kCrossEntropyFlopsPerToken = 4;
+constexpr double kCrossEntropyGradFlopsPerElem = 4;
+constexpr double kAdamFlopsPerElem = 10;
+
+constexpr double kLayerNormEps = 1e-5;
+constexpr double kRmsNormEps = 1e-6;
+constexpr double kAdamLr = 1e-4;
+constexpr double kAdamBeta1 = 0.9;
+constexpr double kAdamBeta2 = 0.95;
+constexpr double kAdamEps = 1e-8;
+
+const char* const kActivation = "activation";
+const char* const kGradSync = "grad_sync";
+const char* const kParamGather = "param_gather";
+
+/// Appends tensors and ops to one graph. Ops get ids 0..n-1 in program order
+/// and the current tags; compute ops get bytes = input + output tensor bytes.
+class GraphBuilder {
+ public:
+  explicit GraphBuilder(Graph* graph) : graph_(graph) { tags_.microbatch = 0; }
+
+  void SetPhase(Phase phase) { tags_.phase = phase; }
+  void SetLayer(int layer) { tags_.layer = layer; }
+
+  /// Declares a tensor (local shape) and returns its name.
+  std::string AddTensor(const std::string& name, Shape shape, DType dtype, Sharding sharding,
+                        Axes partial = {}) {
+    assert(sharding.size() == shape.size());
+    assert(!tensor_index_.count(name) && "duplicate tensor name");
+    tensor_index_.emplace(name, graph_->tensors.size());
+    Tensor t;
+    t.name = name;
+    t.shape = std::move(shape);
+    t.dtype = dtype;
+    t.sharding = std::move(sharding);
+    t.partial = std::move(partial);
+    graph_->tensors.push_back(std::move(t));
+    return name;
+  }
+
+  /// The tensor called `name` (must exist). The reference is valid until the
+  /// next AddTensor.
+  const Tensor& Get(const std::string& name) const {
+    auto it = tensor_index_.find(name);
+    assert(it != tensor_index_.end() && "unknown tensor");
+    return graph_->tensors[it->second];
+  }
+
+  /// Declares a tensor shaped and sharded like `like`, with its own dtype and partial axes.
+  std::string AddLike(const std::string& name, const std::string& like, DType dtype,
+                      Axes partial = {}) {
+    const Tensor& t = Get(like);
+    Shape shape = t.shape;
+    Sharding sharding = t.sharding;
+    return AddTensor(name, std::move(shape), dtype, std::move(sharding), std::move(partial));
+  }
+
+  /// Appends a compute op on stream "compute"; returns its id.
+  int AddCompute(const std::string& name, ComputeType type, std::vector<std::string> inputs,
+                 std::vector<std::string> outputs, double flops, Attrs attrs = {}) {
+    Op& op = NewOp(name, OpKind::kCompute, "compute");
+    op.compute_type = type;
+    op.inputs = std::move(inputs);
+    op.outputs = std::move(outputs);
+    op.flops = flops;
+    op.attrs = std::move(attrs);
+    op.bytes = static_cast<double>(SumBytes(op.inputs) + SumBytes(op.outputs));
+    return op.id;
+  }
+
+  /// Appends a collective over mesh axes `axes` on stream "comm"; its
+  /// message is the input's bytes. Returns its id.
+  int AddCollective(const std::string& name, CollectiveType type, const std::string& input,
+                    const std::string& output, Axes axes, ReduceOp reduce,
+                    const std::string& purpose) {
+    Op& op = NewOp(name, OpKind::kCollective, "comm");
+    op.collective = type;
+    op.reduce = reduce;
+    op.group.axes = std::move(axes);
+    op.inputs = {input};
+    op.outputs = {output};
+    op.message_bytes = Get(input).Bytes();
+    op.tags.purpose = purpose;
+    return op.id;
+  }
+
+  /// Overrides the bytes of op `id` (for ops that touch less than whole tensors).
+  void SetBytes(int id, double bytes) { graph_->ops[id].bytes = bytes; }
+
+ private:
+  Op& NewOp(const std::string& name, OpKind kind, const std::string& stream) {
+    Op op;
+    op.id = static_cast<int>(graph_->ops.size());
+    op.name = name;
+    op.kind = kind;
+    op.stream = stream;
+    op.tags = tags_;
+    graph_->ops.push_back(std::move(op));
+    return graph_->ops.back();
+  }
+
+  int64_t SumBytes(const std::vector<std::string>& names) const {
+    int64_t total = 0;
+    for (const auto& n : names) total += Get(n).Bytes();
+    return total;
+  }
+
+  Graph* graph_;
+  Tags tags_;
+  std::unordered_map<std::string, size_t> tensor_index_;
+};
+
+/// A trainable parameter and the tensors the step keeps for it.
+struct Param {
+  std::string name;  // the full local (tp-sharded) tensor that compute ops read
+  int layer = -1;
+  Shape shape;        // local shape of `name`
+  Sharding sharding;  // sharding of `name`
+  std::string stored;       // what Adam updates: `name`, or `name`.shard under ZeRO
+  std::string grad;         // the synced gradient Adam reads
+  bool gathered = false;    // ZeRO-3: forward all-gather emitted
+  std::string bwd;          // ZeRO-3: the backward all-gather's output, once emitted
+};
+
+/// Parameters under data parallelism: declaration, the tensor each use reads
+/// (ZeRO-3 all-gathers), gradient synchronization (all-reduce, or
+/// reduce-scatter under ZeRO) and the Adam step (plus ZeRO-1/2 all-gathers).
+class ParamStore {
+ public:
+  ParamStore(GraphBuilder* b, const ParallelPlan& plan, DType dtype)
+      : b_(b), plan_(plan), dtype_(dtype) {}
+
+  /// Declares a parameter of local shape `shape` owned by `layer` (-1:
+  /// outside the blocks); returns its name. Under ZeRO the graph input holding
+  /// this rank's dp shard is `name`.shard; ZeRO-1/2 also keep `name` whole.
+  std::string Declare(const std::string& name, Shape shape, Sharding sharding, int layer) {
+    Param p;
+    p.name = name;
+    p.layer = layer;
+    p.shape = std::move(shape);
+    p.sharding = std::move(sharding);
+    p.stored = name;
+    if (plan_.zero < 3) b_->AddTensor(name, p.shape, dtype_, p.sharding);
+    if (plan_.zero > 0) p.stored = DeclareShard(p, name + ".shard", dtype_);
+    index_.emplace(name, params_.size());
+    params_.push_back(std::move(p));
+    return name;
+  }
+
+  /// The tensor forward ops read for `name`. Under ZeRO-3 the first call
+  /// all-gathers the shard over dp (purpose "param_gather") into `name`.
+  std::string Fwd(const std::string& name) {
+    Param& p = Find(name);
+    if (plan_.zero < 3 || p.gathered) return name;
+    b_->AddTensor(name, p.shape, dtype_, p.sharding);
+    b_->AddCollective(name + ".ag.fwd", CollectiveType::kAllGather, p.stored, name, {"dp"},
+                      ReduceOp::kSum, kParamGather);
+    p.gathered = true;
+    return name;
+  }
+
+  /// The tensor backward ops read for `name`. Under ZeRO-3 the first call
+  /// all-gathers the shard again (the forward copy is freed) into `name`.bwd.
+  std::string Bwd(const std::string& name) {
+    Param& p = Find(name);
+    if (plan_.zero < 3) return name;
+    if (!p.bwd.empty()) return p.bwd;
+    p.bwd = b_->AddTensor(name + ".bwd", p.shape, dtype_, p.sharding);
+    b_->AddCollective(name + ".ag.bwd", CollectiveType::kAllGather, p.stored, p.bwd, {"dp"},
+                      ReduceOp::kSum, kParamGather);
+    return p.bwd;
+  }
+
+  /// Declares `grad_name`, a raw gradient of `param`: its local shape, partial
+  /// over dp (when dp > 1) and over tp when `tp_partial` (a parameter that is
+  /// replicated over tp but sees only this rank's sequence shard).
+  std::string NewGrad(const std::string& grad_name, const std::string& param, bool tp_partial) {
+    const Param& p = Find(param);
+    Axes partial = DpPartial();
+    if (tp_partial) partial.push_back("tp");
+    return b_->AddTensor(grad_name, p.shape, dtype_, p.sharding, std::move(partial));
+  }
+
+  /// Records `grad` as the gradient of `param` after synchronizing it right
+  /// after its producer: an all-reduce over tp when it is partial there, then
+  /// over dp an all-reduce (no ZeRO) or a reduce-scatter into the shard (ZeRO).
+  void Sync(const std::string& param, const std::string& grad) {
+    Param& p = Find(param);
+    std::string g = grad;
+    if (IsPartialOver(g, "tp")) {
+      const std::string out = b_->AddTensor(param + ".grad.tp_ar", p.shape, dtype_, p.sharding,
+                                            DpPartial());
+      b_->AddCollective(out, CollectiveType::kAllReduce, g, out, {"tp"}, ReduceOp::kSum,
+                        kGradSync);
+      g = out;
+    }
+    if (plan_.dp > 1 && plan_.zero == 0) {
+      const std::string out = b_->AddTensor(param + ".grad.ar", p.shape, dtype_, p.sharding);
+      b_->AddCollective(out, CollectiveType::kAllReduce, g, out, {"dp"}, ReduceOp::kSum,
+                        kGradSync);
+      g = out;
+    } else if (plan_.zero > 0) {
+      const std::string out = DeclareShard(p, param + ".grad.rs", dtype_);
+      b_->AddCollective(out, CollectiveType::kReduceScatter, g, out, {"dp"}, ReduceOp::kSum,
+                        kGradSync);
+      g = out;
+    }
+    p.grad = g;
+  }
+
+  /// Adam for every parameter, in declaration order.
+  void EmitOptimizer() {
+    for (const Param& p : params_) Adam(p);
+  }
+
+ private:
+  Param& Find(const std::string& name) {
+    auto it = index_.find(name);
+    assert(it != index_.end() && "unknown parameter");
+    return params_[it->second];
+  }
+
+  Axes DpPartial() const { return plan_.dp > 1 ? Axes{"dp"} : Axes{}; }
+
+  bool IsPartialOver(const std::string& tensor, const std::string& axis) const {
+    for (const std::string& a : b_->Get(tensor).partial)
+      if (a == axis) return true;
+    return false;
+  }
+
+  /// Declares a tensor holding this rank's dp shard of `p`: dim 0 divided by
+  /// dp and sharded over dp inside whatever already shards it (tp first).
+  std::string DeclareShard(const Param& p, const std::string& name, DType dtype) {
+    Shape shape = p.shape;
+    Sharding sharding = p.sharding;
+    assert(!shape.empty() && shape[0] % plan_.dp == 0);
+    shape[0] /= plan_.dp;
+    sharding[0].push_back("dp");
+    return b_->AddTensor(name, std::move(shape), dtype, std::move(sharding));
+  }
+
+  /// Adam on one parameter (its shard under ZeRO): (param, grad, m, v) ->
+  /// (param', m', v'), moments f32. ZeRO-1/2 then all-gather the updated
+  /// shard into the whole parameter `name`.next (phase opt, "param_gather").
+  void Adam(const Param& p) {
+    b_->SetLayer(p.layer);
+    const std::string& s = p.stored;
+    std::string m = b_->AddLike(p.name + ".adam_m", s, DType::kF32);
+    std::string v = b_->AddLike(p.name + ".adam_v", s, DType::kF32);
+    std::string next = b_->AddLike(s + ".next", s, dtype_);
+    std::string m_next = b_->AddLike(p.name + ".adam_m.next", s, DType::kF32);
+    std::string v_next = b_->AddLike(p.name + ".adam_v.next", s, DType::kF32);
+    const double flops = kAdamFlopsPerElem * b_->Get(s).NumElements();
+    b_->AddCompute(p.name + ".adam", ComputeType::kAdam, {s, p.grad, m, v}, {next, m_next, v_next},
+                   flops,
+                   {{"lr", kAdamLr}, {"beta1", kAdamBeta1}, {"beta2", kAdamBeta2},
+                    {"eps", kAdamEps}, {"step", 1}});
+    if (plan_.zero == 1 || plan_.zero == 2) {
+      std::string full = b_->AddTensor(p.name + ".next", p.shape, dtype_, p.sharding);
+      b_->AddCollective(p.name + ".ag.opt", CollectiveType::kAllGather, next, full, {"dp"},
+                        ReduceOp::kSum, kParamGather);
+    }
+  }
+
+  GraphBuilder* b_;
+  const ParallelPlan& plan_;
+  DType dtype_;
+  std::vector<Param> params_;
+  std::unordered_map<std::string, size_t> index_;
+};
+
+/// Local sizes of one rank under the plan.
+struct LocalDims {
+  int64_t batch = 0;      // B, sequences per dp rank
+  int64_t seq = 0;        // s
+  int64_t seq_local = 0;  // s/tp under sequence parallelism, else s
+  int64_t hidden = 0;     // h
+  int64_t q_width = 0;    // h/tp (query and attention output width per rank)
+  int64_t kv_width = 0;   // kv_heads*d/tp (key and value width per rank)
+  int64_t ffn_tp = 0;     // ffn_hidden/tp
+  int64_t vocab_tp = 0;   // V/tp
+  int64_t heads_tp = 0;   // a/tp
+  int64_t kv_heads_tp = 0;  // kv_heads/tp
+};
+
+/// Forward tensors of one block that its backward reads. `*_full` are the
+/// full-sequence inputs of the tp regions (the gathered ones under sp).
+struct BlockActs {
+  std::string x, n1_full, q, k, v, attn, res1, n2_full;
+  std::string up;   // gpt: fc1 output; llama: up projection output
+  std::string gate; // llama: gate projection output
+  std::string act;  // gpt: gelu output; llama: swiglu output
+};
+
+/// Lowers one training step of a decoder into a graph.
+class TransformerLowering {
+ public:
+  TransformerLowering(const ModelConfig& model, const ParallelPlan& plan, Graph* graph)
+      : m_(model), plan_(plan), b_(graph), params_(&b_, plan, model.dtype) {
+    const int64_t head_dim = model.hidden / model.heads;
+    d_.batch = model.batch;
+    d_.seq = model.seq;
+    d_.seq_local = plan.sp ? model.seq / plan.tp : model.seq;
+    d_.hidden = model.hidden;
+    d_.q_width = model.hidden / plan.tp;
+    d_.kv_width = head_dim * model.kv_heads / plan.tp;
+    d_.ffn_tp = model.ffn_hidden / plan.tp;
+    d_.vocab_tp = model.vocab / plan.tp;
+    d_.heads_tp = model.heads / plan.tp;
+    d_.kv_heads_tp = model.kv_heads / plan.tp;
+  }
+
+  /// Emits forward, backward and optimizer ops in program order.
+  void Build() {
+    b_.SetPhase(Phase::kForward);
+    DeclareInputs();
+    std::string x = EmbedForward();
+    for (int l = 0; l < m_.layers; ++l) x = BlockForward(l, x);
+    LossForward(x);
+    b_.SetPhase(Phase::kBackward);
+    std::string dx = LossBackward();
+    for (int l = m_.layers - 1; l >= 0; --l) dx = BlockBackward(l, dx);
+    EmbedBackward(dx);
+    b_.SetPhase(Phase::kOptimizer);
+    params_.EmitOptimizer();
+  }
+
+ private:
+  bool Gpt() const { return m_.family == ModelFamily::kGpt; }
+
+  // ---- tensors ------------------------------------------------------------
+
+  static std::string LayerPrefix(int layer) { return "L" + std::to_string(layer) + "."; }
+  Axes TpPartial() const { return plan_.tp > 1 ? Axes{"tp"} : Axes{}; }
+
+  /// [B, s(, n)]: the batch dim is this rank's dp share of the global batch;
+  /// the sequence dim is sharded over tp when `seq_on_tp`, the last dim (of a
+  /// rank-3 tensor) when `last_on_tp`.
+  static Sharding ActSharding(int rank, bool seq_on_tp, bool last_on_tp) {
+    Sharding s(rank);
+    s[0] = {"dp"};
+    if (seq_on_tp) s[1] = {"tp"};
+    if (last_on_tp && rank == 3) s[2] = {"tp"};
+    return s;
+  }
+  /// A full-sequence activation [B, s, width] (last dim sharded on tp if asked).
+  std::string Act(const std::string& name, int64_t width, bool on_tp, Axes partial = {}) {
+    return b_.AddTensor(name, {d_.batch, d_.seq, width}, m_.dtype, ActSharding(3, false, on_tp),
+                        std::move(partial));
+  }
+  /// A residual-stream activation [B, s_local, h]: sequence-sharded under sp.
+  std::string ResidAct(const std::string& name) {
+    return b_.AddTensor(name, {d_.batch, d_.seq_local, d_.hidden}, m_.dtype,
+                        ActSharding(3, plan_.sp, false));
+  }
+  /// A per-token tensor [B, s] (or [B, s/tp] when `seq_sharded`).
+  std::string TokenScalar(const std::string& name, DType dtype, Axes partial = {},
+                          bool seq_sharded = false) {
+    return b_.AddTensor(name, {d_.batch, seq_sharded ? d_.seq_local : d_.seq}, dtype,
+                        ActSharding(2, seq_sharded && plan_.sp, false), std::move(partial));
+  }
+
+  // ---- tensor-parallel collectives ---------------------------------------
+
+  /// All-reduces `partial` over tp into `name`.out when tp > 1; returns the
+  /// reduced tensor (`partial` itself when tp = 1).
+  std::string TpAllReduce(const std::string& name, const std::string& partial, ReduceOp reduce) {
+    if (plan_.tp == 1) return partial;
+    const Tensor& t = b_.Get(partial);
+    Shape shape = t.shape;
+    Sharding sharding = t.sharding;
+    std::string out = b_.AddTensor(name + ".out", std::move(shape), t.dtype, std::move(sharding));
+    b_.AddCollective(name, CollectiveType::kAllReduce, partial, out, {"tp"}, reduce, kActivation);
+    return out;
+  }
+  /// Megatron's "g" (and the backward of "f"): turns a tp-partial [B, s, h]
+  /// into the residual stream: all-reduce `base`.ar, or under sp a
+  /// reduce-scatter `base`.rs onto the sequence dim ([B, s/tp, h]).
+  std::string TpReduce(const std::string& base, const std::string& partial) {
+    if (!plan_.sp) return TpAllReduce(base + ".ar", partial, ReduceOp::kSum);
+    std::string out = ResidAct(base + ".rs.out");
+    b_.AddCollective(base + ".rs", CollectiveType::kReduceScatter, partial, out, {"tp"},
+                     ReduceOp::kSum, kActivation);
+    return out;
+  }
+  /// Under sp, all-gathers a sequence shard [B, s/tp, h] into [B, s, h]
+  /// (`base`.ag); without sp the residual stream is already whole.
+  std::string TpGather(const std::string& base, const std::string& shard) {
+    if (!plan_.sp) return shard;
+    std::string out = Act(base + ".ag.out", d_.hidden, false);
+    b_.AddCollective(base + ".ag", CollectiveType::kAllGather, shard, out, {"tp"}, ReduceOp::kSum,
+                     kActivation);
+    return out;
+  }
+
+  // ---- op helpers ---------------------------------------------------------
+
+  /// Tokens (B * sequence length) of activation `t`.
+  int64_t Tokens(const std::string& t) const {
+    const Tensor& x = b_.Get(t);
+    return x.shape[0] * x.shape[1];
+  }
+  /// out = x [B, s, k] x w, with w [k, n] (or [n, k] and transpose_w: a
+  /// linear layer's dX, or an LM head); 2 * B*s * k * n flops.
+  void Linear(const std::string& name, const std::string& x, const std::string& w,
+              const std::string& out, bool transpose_w) {
+    const Tensor& wt = b_.Get(w);
+    const double flops = 2.0 * Tokens(x) * wt.shape[0] * wt.shape[1];
+    b_.AddCompute(name, ComputeType::kMatmul, {x, w}, {out}, flops,
+                  {{"transpose_a", 0}, {"transpose_b", transpose_w ? 1.0 : 0.0}});
+  }
+  /// grad = x^T dy over all B*s tokens, x [B, s, k], dy [B, s, n] -> [k, n]:
+  /// one identity op views both as [B*s, k] and [B*s, n] (row-major views,
+  /// bytes 0), then a 2-D matmul with transpose_a.
+  void MatmulWeightGrad(const std::string& name, const std::string& x, const std::string& dy,
+                        const std::string& grad) {
+    std::string x2d = TokenView(name + ".x2d", x);
+    std::string dy2d = TokenView(name + ".dy2d", dy);
+    int view = b_.AddCompute(name + ".view", ComputeType::kIdentity, {x, dy}, {x2d, dy2d}, 0);
+    b_.SetBytes(view, 0);
+    const Tensor& g = b_.Get(grad);
+    const double flops = 2.0 * Tokens(x) * g.shape[0] * g.shape[1];
+    b_.AddCompute(name, ComputeType::kMatmul, {x2d, dy2d}, {grad}, flops,
+                  {{"transpose_a", 1}, {"transpose_b", 0}});
+  }
+  /// Declares `name`, a [B*s, n] view of activation `t` [B, s, n] (same
+  /// sharding of the token and last dims).
+  std::string TokenView(const std::string& name, const std::string& t) {
+    const Tensor& src = b_.Get(t);
+    Shape shape = {src.shape[0] * src.shape[1], src.shape.back()};
+    Sharding sharding = {src.sharding.front(), src.sharding.back()};
+    Axes partial = src.partial;
+    DType dtype = src.dtype;
+    return b_.AddTensor(name, std::move(shape), dtype, std::move(sharding), std::move(partial));
+  }
+  /// "<linear>.dW": gradient of "<linear>.w" from its input x and output
+  /// grad dy, synced right after.
+  void WeightGrad(const std::string& linear, const std::string& x, const std::string& dy) {
+    const std::string w = linear + ".w";
+    std::string grad = params_.NewGrad(w + ".grad", w, false);
+    MatmulWeightGrad(linear + ".dW", x, dy, grad);
+    params_.Sync(w, grad);
+  }
+  /// out = x + y (elementwise, same shapes).
+  void Add(const std::string& name, const std::string& x, const std::string& y,
+           const std::string& out) {
+    const double flops = kAddFlopsPerElem * b_.Get(out).NumElements();
+    b_.AddCompute(name, ComputeType::kAdd, {x, y}, {out}, flops);
+  }
+  /// Declares the parameter and returns the tensor forward ops read.
+  std::string UseParam(const std::string& name, Shape shape, Sharding sharding, int layer) {
+    return params_.Fwd(params_.Declare(name, std::move(shape), std::move(sharding), layer));
+  }
+
+  /// `prefix`.out = norm(x): LayerNorm (gamma, beta) for gpt, RMSNorm (gamma)
+  /// for llama, over h on the residual stream (a sequence shard under sp).
+  std::string Norm(const std::string& prefix, const std::string& x, int layer) {
+    params_.Declare(prefix + ".gamma", {d_.hidden}, {{}}, layer);
+    if (Gpt()) params_.Declare(prefix + ".beta", {d_.hidden}, {{}}, layer);
+    std::string y = ResidAct(prefix + ".out");
+    std::vector<std::string> inputs = {x, params_.Fwd(prefix + ".gamma")};
+    if (Gpt()) inputs.push_back(params_.Fwd(prefix + ".beta"));
+    const double elems = static_cast<double>(b_.Get(x).NumElements());
+    if (Gpt()) {
+      b_.AddCompute(prefix, ComputeType::kLayerNorm, std::move(inputs), {y},
+                    kLayerNormFlopsPerElem * elems, {{"eps", kLayerNormEps}});
+    } else {
+      b_.AddCompute(prefix, ComputeType::kRmsNorm, std::move(inputs), {y},
+                    kRmsNormFlopsPerElem * elems, {{"eps", kRmsNormEps}});
+    }
+    return y;
+  }
+  /// Backward of Norm(`prefix`): dx into `prefix`.grad.dx; the parameter
+  /// grads are partial over tp under sp (each rank saw its sequence shard)
+  /// and are synced right after. Returns dx.
+  std::string NormGrad(const std::string& prefix, const std::string& dy, const std::string& x) {
+    const std::string name = prefix + ".grad", gamma = prefix + ".gamma", beta = prefix + ".beta";
+    std::string dx = ResidAct(name + ".dx");
+    std::vector<std::string> outputs = {dx, params_.NewGrad(gamma + ".grad", gamma, plan_.sp)};
+    if (Gpt()) outputs.push_back(params_.NewGrad(beta + ".grad", beta, plan_.sp));
+    std::string gamma_in = params_.Bwd(gamma);
+    const double elems = static_cast<double>(b_.Get(x).NumElements());
+    if (Gpt()) {
+      b_.AddCompute(name, ComputeType::kLayerNormGrad, {dy, x, gamma_in}, outputs,
+                    kLayerNormGradFlopsPerElem * elems, {{"eps", kLayerNormEps}});
+    } else {
+      b_.AddCompute(name, ComputeType::kRmsNormGrad, {dy, x, gamma_in}, outputs,
+                    kRmsNormGradFlopsPerElem * elems, {{"eps", kRmsNormEps}});
+    }
+    params_.Sync(gamma, outputs[1]);
+    if (Gpt()) params_.Sync(beta, outputs[2]);
+    return dx;
+  }
+  Attrs AttentionAttrs() const {
+    return {{"heads", static_cast<double>(d_.heads_tp)},
+            {"kv_heads", static_cast<double>(d_.kv_heads_tp)},
+            {"causal", 1}};
+  }
+  /// Full (non-causal-discounted) attention flops: scores 2*B*s^2*h/tp plus
+  /// probabilities x V 2*B*s^2*h/tp (grouped-query attention does not change them).
+  double AttentionFlops() const { return 4.0 * d_.batch * d_.seq * d_.seq * d_.q_width; }
+
+  // ---- forward ------------------------------------------------------------
+
+  /// Graph inputs: token ids and labels [B, s] (int32); gpt also positions
+  /// ([B, s/tp] under sp: the positions of this rank's sequence shard).
+  void DeclareInputs() {
+    TokenScalar("tokens", DType::kI32);
+    if (Gpt()) TokenScalar("positions", DType::kI32, {}, true);
+    TokenScalar("labels", DType::kI32);
+  }
+
+  /// An embedding lookup; its bytes count the gathered rows, not the table.
+  void Embedding(const std::string& name, const std::string& table, const std::string& ids,
+                 const std::string& out) {
+    int id = b_.AddCompute(name, ComputeType::kEmbedding, {table, ids}, {out}, 0);
+    b_.SetBytes(id, 2.0 * b_.Get(out).Bytes() + b_.Get(ids).Bytes());
+  }
+
+  /// Vocab-parallel word embedding + tp reduction (all-reduce, or
+  /// reduce-scatter onto the sequence under sp); gpt adds position embeddings.
+  std::string EmbedForward() {
+    b_.SetLayer(-1);
+    params_.Declare("embed.word.table", {d_.vocab_tp, d_.hidden}, {{"tp"}, {}}, -1);
+    if (Gpt()) params_.Declare("embed.pos.table", {d_.seq, d_.hidden}, {{}, {}}, -1);
+    std::string word = Act("embed.word.out", d_.hidden, false, TpPartial());
+    Embedding("embed.word", params_.Fwd("embed.word.table"), "tokens", word);
+    word = TpReduce("embed.word", word);
+    if (!Gpt()) return word;
+    std::string pos = ResidAct("embed.pos.out");
+    Embedding("embed.pos", params_.Fwd("embed.pos.table"), "positions", pos);
+    std::string sum = ResidAct("embed.out");
+    Add("embed.add", word, pos, sum);
+    return sum;
+  }
+
+  /// One pre-norm block; returns the new residual stream.
+  std::string BlockForward(int layer, const std::string& x) {
+    b_.SetLayer(layer);
+    const std::string p = LayerPrefix(layer);
+    BlockActs a;
+    a.x = x;
+    a.n1_full = TpGather(p + "ln1", Norm(p + "ln1", x, layer));
+    std::string attn_out = Gpt() ? GptAttentionForward(layer, &a) : LlamaAttentionForward(layer, &a);
+    a.res1 = ResidAct(p + "attn.res.out");
+    Add(p + "attn.res", x, attn_out, a.res1);
+    a.n2_full = TpGather(p + "ln2", Norm(p + "ln2", a.res1, layer));
+    std::string mlp_out = Gpt() ? GptMlpForward(layer, &a) : LlamaMlpForward(layer, &a);
+    std::string res2 = ResidAct(p + "mlp.res.out");
+    Add(p + "mlp.res", a.res1, mlp_out, res2);
+    blocks_.push_back(a);
+    return res2;
+  }
+
+  /// The attention core (heads/tp query heads, kv_heads/tp key/value heads).
+  void AttentionCore(const std::string& p, BlockActs* a) {
+    a->attn = Act(p + "core.out", d_.q_width, true);
+    b_.AddCompute(p + "core", ComputeType::kAttention, {a->q, a->k, a->v}, {a->attn},
+                  AttentionFlops(), AttentionAttrs());
+  }
+
+  /// gpt: fused qkv (column parallel) -> slices -> attention -> proj (row
+  /// parallel) -> tp reduction.
+  std::string GptAttentionForward(int layer, BlockActs* a) {
+    const std::string p = LayerPrefix(layer) + "attn.";
+    const int64_t qw = d_.q_width, kvw = d_.kv_width;
+    std::string w_qkv = UseParam(p + "qkv.w", {d_.hidden, qw + 2 * kvw}, {{}, {"tp"}}, layer);
+    std::string qkv = Act(p + "qkv.out", qw + 2 * kvw, true);
+    Linear(p + "qkv", a->n1_full, w_qkv, qkv, false);
+    a->q = Slice(p + "q", qkv, 0, qw);
+    a->k = Slice(p + "k", qkv, qw, kvw);
+    a->v = Slice(p + "v", qkv, qw + kvw, kvw);
+    AttentionCore(p, a);
+    std::string w_proj = UseParam(p + "proj.w", {qw, d_.hidden}, {{"tp"}, {}}, layer);
+    std::string proj = Act(p + "proj.out", d_.hidden, false, TpPartial());
+    Linear(p + "proj", a->attn, w_proj, proj, false);
+    return TpReduce(p + "proj", proj);
+  }
+
+  /// Columns [start, start + len) of the fused qkv tensor.
+  std::string Slice(const std::string& name, const std::string& qkv, int64_t start, int64_t len) {
+    std::string out = Act(name + ".out", len, true);
+    b_.AddCompute(name, ComputeType::kSlice, {qkv}, {out}, 0,
+                  {{"axis", 2}, {"start", static_cast<double>(start)},
+                   {"len", static_cast<double>(len)}});
+    return out;
+  }
+
+  /// A column-parallel projection "<p><what>": weight [h, width] sharded on
+  /// its columns, output [B, s, width] sharded on tp.
+  std::string ColumnLinear(const std::string& p, const std::string& what, const std::string& x,
+                           int64_t width, int layer) {
+    std::string w = UseParam(p + what + ".w", {d_.hidden, width}, {{}, {"tp"}}, layer);
+    std::string out = Act(p + what + ".out", width, true);
+    Linear(p + what, x, w, out, false);
+    return out;
+  }
+  /// A row-parallel projection "<p><what>": weight [width, h] sharded on its
+  /// rows, output [B, s, h] partial over tp.
+  std::string RowLinear(const std::string& p, const std::string& what, const std::string& x,
+                        int64_t width, int layer) {
+    std::string w = UseParam(p + what + ".w", {width, d_.hidden}, {{"tp"}, {}}, layer);
+    std::string out = Act(p + what + ".out", d_.hidden, false, TpPartial());
+    Linear(p + what, x, w, out, false);
+    return out;
+  }
+
+  /// llama: q [h, h/tp], k and v [h, kv*d/tp] (column parallel) -> grouped-
+  /// query attention -> o [h/tp, h] (row parallel) -> tp reduction.
+  std::string LlamaAttentionForward(int layer, BlockActs* a) {
+    const std::string p = LayerPrefix(layer) + "attn.";
+    a->q = ColumnLinear(p, "q", a->n1_full, d_.q_width, layer);
+    a->k = ColumnLinear(p, "k", a->n1_full, d_.kv_width, layer);
+    a->v = ColumnLinear(p, "v", a->n1_full, d_.kv_width, layer);
+    AttentionCore(p, a);
+    return TpReduce(p + "o", RowLinear(p, "o", a->attn, d_.q_width, layer));
+  }
+
+  /// gpt: fc1 (column parallel) -> gelu -> fc2 (row parallel) -> tp reduction.
+  std::string GptMlpForward(int layer, BlockActs* a) {
+    const std::string p = LayerPrefix(layer) + "mlp.";
+    a->up = ColumnLinear(p, "fc1", a->n2_full, d_.ffn_tp, layer);
+    a->act = Act(p + "gelu.out", d_.ffn_tp, true);
+    b_.AddCompute(p + "gelu", ComputeType::kGelu, {a->up}, {a->act},
+                  kGeluFlopsPerElem * b_.Get(a->up).NumElements());
+    return TpReduce(p + "fc2", RowLinear(p, "fc2", a->act, d_.ffn_tp, layer));
+  }
+
+  /// llama: gate and up (column parallel) -> swiglu -> down (row parallel)
+  /// -> tp reduction.
+  std::string LlamaMlpForward(int layer, BlockActs* a) {
+    const std::string p = LayerPrefix(layer) + "mlp.";
+    a->gate = ColumnLinear(p, "gate", a->n2_full, d_.ffn_tp, layer);
+    a->up = ColumnLinear(p, "up", a->n2_full, d_.ffn_tp, layer);
+    a->act = Act(p + "swiglu.out", d_.ffn_tp, true);
+    b_.AddCompute(p + "swiglu", ComputeType::kSwiglu, {a->gate, a->up}, {a->act},
+                  kSwigluFlopsPerElem * b_.Get(a->act).NumElements());
+    return TpReduce(p + "down", RowLinear(p, "down", a->act, d_.ffn_tp, layer));
+  }
+
+  /// The LM head's weight: the word table (gpt, tied) or head.w (llama), [V/tp, h].
+  std::string HeadWeight() const { return Gpt() ? "embed.word.table" : "head.w"; }
+
+  /// Final norm, LM head (logits sharded on vocab) and the vocab-parallel
+  /// cross entropy (max, sum-exp and target all-reduced over tp).
+  void LossForward(const std::string& x) {
+    b_.SetLayer(-1);
+    final_x_ = x;
+    final_full_ = TpGather("final_ln", Norm("final_ln", x, -1));
+    if (!Gpt()) params_.Declare("head.w", {d_.vocab_tp, d_.hidden}, {{"tp"}, {}}, -1);
+    logits_ = Act("head.logits", d_.vocab_tp, true);
+    Linear("head", final_full_, params_.Fwd(HeadWeight()), logits_, true);  // x [B,s,h] x W^T
+    const double logit_elems = static_cast<double>(b_.Get(logits_).NumElements());
+    std::string max_local = TokenScalar("loss.max_local", DType::kF32, TpPartial());
+    b_.AddCompute("loss.max", ComputeType::kReduceMax, {logits_}, {max_local},
+                  kReduceMaxFlopsPerElem * logit_elems);
+    max_ = TpAllReduce("loss.max.ar", max_local, ReduceOp::kMax);
+    std::string z_local = TokenScalar("loss.sum_exp_local", DType::kF32, TpPartial());
+    b_.AddCompute("loss.sum_exp", ComputeType::kSumExp, {logits_, max_}, {z_local},
+                  kSumExpFlopsPerElem * logit_elems);
+    sum_exp_ = TpAllReduce("loss.sum_exp.ar", z_local, ReduceOp::kSum);
+    std::string t_local = TokenScalar("loss.target_local", DType::kF32, TpPartial());
+    b_.AddCompute("loss.target", ComputeType::kGatherTarget, {logits_, "labels"}, {t_local}, 0);
+    std::string target = TpAllReduce("loss.target.ar", t_local, ReduceOp::kSum);
+    std::string loss = b_.AddTensor("loss", {}, DType::kF32, {});
+    b_.AddCompute("loss.cross_entropy", ComputeType::kCrossEntropy, {max_, sum_exp_, target},
+                  {loss}, kCrossEntropyFlopsPerToken * d_.batch * d_.seq);
+  }
+
+  // ---- backward -----------------------------------------------------------
+
+  /// dlogits, the head's input grad (+ tp reduction), its weight grad and
+  /// the final norm's grad; returns d(last block output).
+  std::string LossBackward() {
+    b_.SetLayer(-1);
+    std::string dlogits = Act("head.logits.grad", d_.vocab_tp, true);
+    const double logit_elems = static_cast<double>(b_.Get(logits_).NumElements());
+    b_.AddCompute("loss.cross_entropy.grad", ComputeType::kCrossEntropyGrad,
+                  {logits_, max_, sum_exp_, "labels"}, {dlogits},
+                  kCrossEntropyGradFlopsPerElem * logit_elems);
+    if (plan_.dp > 1) {  // the global loss is the mean over dp ranks
+      std::string scaled = Act("head.logits.grad.scaled", d_.vocab_tp, true);
+      b_.AddCompute("loss.grad_scale", ComputeType::kScale, {dlogits}, {scaled},
+                    kScaleFlopsPerElem * logit_elems, {{"scale", 1.0 / plan_.dp}});
+      dlogits = scaled;
+    }
+    std::string dx = Act("head.dX.out", d_.hidden, false, TpPartial());
+    Linear("head.dX", dlogits, params_.Bwd(HeadWeight()), dx, false);
+    dx = TpReduce("head.dX", dx);
+    if (Gpt()) {  // tied: summed with the embedding's grad before its sync
+      head_table_grad_ = params_.NewGrad("embed.word.table.grad_head", "embed.word.table", false);
+      MatmulWeightGrad("head.dW", dlogits, final_full_, head_table_grad_);
+    } else {
+      std::string grad = params_.NewGrad("head.w.grad", "head.w", false);
+      MatmulWeightGrad("head.dW", dlogits, final_full_, grad);
+      params_.Sync("head.w", grad);
+    }
+    return NormGrad("final_ln", dx, final_x_);
+  }
+
+  /// Backward of one block given d(block output); returns d(block input).
+  std::string BlockBackward(int layer, const std::string& dy) {
+    b_.SetLayer(layer);
+    const std::string p = LayerPrefix(layer);
+    const BlockActs& a = blocks_[layer];
+    std::string dn2 = Gpt() ? GptMlpBackward(layer, a, dy) : LlamaMlpBackward(layer, a, dy);
+    std::string dres1_norm = NormGrad(p + "ln2", dn2, a.res1);
+    std::string dres1 = ResidAct(p + "mlp.res.grad.out");
+    Add(p + "mlp.res.grad", dy, dres1_norm, dres1);
+    std::string dn1 = Gpt() ? GptAttentionBackward(layer, a, dres1)
+                            : LlamaAttentionBackward(layer, a, dres1);
+    std::string dx_norm = NormGrad(p + "ln1", dn1, a.x);
+    std::string dx = ResidAct(p + "attn.res.grad.out");
+    Add(p + "attn.res.grad", dres1, dx_norm, dx);
+    return dx;
+  }
+
+  /// dX of a row-parallel "<p><what>" (dy [B,s,h] x W^T -> [B,s,width] on
+  /// tp), then its weight grad from input `x`.
+  std::string RowLinearBackward(const std::string& p, const std::string& what,
+                                const std::string& x, const std::string& dy, int64_t width) {
+    std::string dx = Act(p + what + ".dX.out", width, true);
+    Linear(p + what + ".dX", dy, params_.Bwd(p + what + ".w"), dx, true);
+    WeightGrad(p + what, x, dy);
+    return dx;
+  }
+  /// dX of a column-parallel "<p><what>": dy [B,s,width] x W^T -> [B,s,h],
+  /// partial over tp (the weight grad comes after the tp reduction).
+  std::string ColumnLinearDx(const std::string& p, const std::string& what,
+                             const std::string& dy) {
+    std::string dx = Act(p + what + ".dX.out", d_.hidden, false, TpPartial());
+    Linear(p + what + ".dX", dy, params_.Bwd(p + what + ".w"), dx, true);
+    return dx;
+  }
+  /// Sum of two tp-partial [B,s,h] input grads into `name`.out.
+  std::string AddPartial(const std::string& name, const std::string& x, const std::string& y) {
+    std::string out = Act(name + ".out", d_.hidden, false, TpPartial());
+    Add(name, x, y, out);
+    return out;
+  }
+
+  /// gpt: fc2 dX/dW, gelu grad, fc1 dX (+ tp reduction) and dW; returns d(ln2 out).
+  std::string GptMlpBackward(int layer, const BlockActs& a, const std::string& dy) {
+    const std::string p = LayerPrefix(layer) + "mlp.";
+    std::string dy_full = TpGather(p + "dy", dy);
+    std::string dgelu = RowLinearBackward(p, "fc2", a.act, dy_full, d_.ffn_tp);
+    std::string dfc1 = Act(p + "gelu.grad.out", d_.ffn_tp, true);
+    b_.AddCompute(p + "gelu.grad", ComputeType::kGeluGrad, {dgelu, a.up}, {dfc1},
+                  kGeluGradFlopsPerElem * b_.Get(dfc1).NumElements());
+    std::string dn2 = TpReduce(p + "fc1.dX", ColumnLinearDx(p, "fc1", dfc1));
+    WeightGrad(p + "fc1", a.n2_full, dfc1);
+    return dn2;
+  }
+
+  /// llama: down dX/dW, swiglu grad, gate and up dX (summed, + tp
+  /// reduction) and dW; returns d(ln2 out).
+  std::string LlamaMlpBackward(int layer, const BlockActs& a, const std::string& dy) {
+    const std::string p = LayerPrefix(layer) + "mlp.";
+    std::string dy_full = TpGather(p + "dy", dy);
+    std::string dact = RowLinearBackward(p, "down", a.act, dy_full, d_.ffn_tp);
+    std::string dgate = Act(p + "swiglu.grad.dgate", d_.ffn_tp, true);
+    std::string dup = Act(p + "swiglu.grad.dup", d_.ffn_tp, true);
+    b_.AddCompute(p + "swiglu.grad", ComputeType::kSwigluGrad, {dact, a.gate, a.up},
+                  {dgate, dup}, kSwigluGradFlopsPerElem * b_.Get(dact).NumElements());
+    std::string dx_gate = ColumnLinearDx(p, "gate", dgate);
+    std::string dx_up = ColumnLinearDx(p, "up", dup);
+    std::string dn2 = TpReduce(p + "gate_up.dX", AddPartial(p + "gate_up.dX", dx_gate, dx_up));
+    WeightGrad(p + "gate", a.n2_full, dgate);
+    WeightGrad(p + "up", a.n2_full, dup);
+    return dn2;
+  }
+
+  /// attention_grad -> dq, dk, dv (2x the forward flops).
+  void AttentionCoreBackward(const std::string& p, const BlockActs& a, const std::string& dattn,
+                             std::string* dq, std::string* dk, std::string* dv) {
+    *dq = Act(p + "core.grad.dq", d_.q_width, true);
+    *dk = Act(p + "core.grad.dk", d_.kv_width, true);
+    *dv = Act(p + "core.grad.dv", d_.kv_width, true);
+    b_.AddCompute(p + "core.grad", ComputeType::kAttentionGrad, {dattn, a.q, a.k, a.v},
+                  {*dq, *dk, *dv}, 2.0 * AttentionFlops(), AttentionAttrs());
+  }
+
+  /// gpt: proj dX/dW, attention grad, concat, qkv dX (+ tp reduction) and
+  /// dW; returns d(ln1 out).
+  std::string GptAttentionBackward(int layer, const BlockActs& a, const std::string& dy) {
+    const std::string p = LayerPrefix(layer) + "attn.";
+    std::string dy_full = TpGather(p + "dy", dy);
+    std::string dattn = RowLinearBackward(p, "proj", a.attn, dy_full, d_.q_width);
+    std::string dq, dk, dv;
+    AttentionCoreBackward(p, a, dattn, &dq, &dk, &dv);
+    std::string dqkv = Act(p + "qkv.grad.out", d_.q_width + 2 * d_.kv_width, true);
+    b_.AddCompute(p + "qkv.grad.concat", ComputeType::kConcat, {dq, dk, dv}, {dqkv}, 0,
+                  {{"axis", 2}});
+    std::string dn1 = TpReduce(p + "qkv.dX", ColumnLinearDx(p, "qkv", dqkv));
+    WeightGrad(p + "qkv", a.n1_full, dqkv);
+    return dn1;
+  }
+
+  /// llama: o dX/dW, attention grad, q/k/v dX (summed, + tp reduction) and
+  /// dW; returns d(ln1 out).
+  std::string LlamaAttentionBackward(int layer, const BlockActs& a, const std::string& dy) {
+    const std::string p = LayerPrefix(layer) + "attn.";
+    std::string dy_full = TpGather(p + "dy", dy);
+    std::string dattn = RowLinearBackward(p, "o", a.attn, dy_full, d_.q_width);
+    std::string dq, dk, dv;
+    AttentionCoreBackward(p, a, dattn, &dq, &dk, &dv);
+    std::string dx_q = ColumnLinearDx(p, "q", dq);
+    std::string dx_k = ColumnLinearDx(p, "k", dk);
+    std::string dx_v = ColumnLinearDx(p, "v", dv);
+    std::string dx_qk = AddPartial(p + "qk.dX", dx_q, dx_k);
+    std::string dn1 = TpReduce(p + "qkv.dX", AddPartial(p + "qkv.dX", dx_qk, dx_v));
+    WeightGrad(p + "q", a.n1_full, dq);
+    WeightGrad(p + "k", a.n1_full, dk);
+    WeightGrad(p + "v", a.n1_full, dv);
+    return dn1;
+  }
+
+  /// Embedding grads: gpt's position table (from the sequence shard under
+  /// sp, so partial over tp) and the word table (from the whole sequence,
+  /// all-gathered under sp; gpt adds the tied head's grad first).
+  void EmbedBackward(const std::string& dx) {
+    b_.SetLayer(-1);
+    if (Gpt()) {
+      std::string dpos = params_.NewGrad("embed.pos.table.grad", "embed.pos.table", plan_.sp);
+      b_.AddCompute("embed.pos.grad", ComputeType::kEmbeddingGrad, {dx, "positions"}, {dpos},
+                    kEmbeddingGradFlopsPerElem * b_.Get(dx).NumElements());
+      params_.Sync("embed.pos.table", dpos);
+    }
+    std::string dx_full = TpGather("embed.dx", dx);
+    const std::string table = "embed.word.table";
+    std::string dword = params_.NewGrad(table + (Gpt() ? ".grad_embed" : ".grad"), table, false);
+    b_.AddCompute("embed.word.grad", ComputeType::kEmbeddingGrad, {dx_full, "tokens"}, {dword},
+                  kEmbeddingGradFlopsPerElem * b_.Get(dx_full).NumElements());
+    if (Gpt()) {
+      std::string dtable = params_.NewGrad(table + ".grad", table, false);
+      Add("embed.word.grad.tied_add", head_table_grad_, dword, dtable);
+      dword = dtable;
+    }
+    params_.Sync(table, dword);
+  }
+
+  const ModelConfig& m_;
+  const ParallelPlan& plan_;
+  GraphBuilder b_;
+  ParamStore params_;
+  LocalDims d_;
+  std::vector<BlockActs> blocks_;
+  std::string final_x_, final_full_, logits_, max_, sum_exp_, head_table_grad_;
+};
+
+/// "not implemented yet" for the plan features this frontend parses and
+/// validates but does not lower.
+Status CheckImplemented(const ParallelPlan& plan) {
+  auto missing = [&](const std::string& what) {
+    return Status::Error("plan '" + PlanToString(plan) + "': " + what +
+                         " is not implemented yet in this frontend (docs/frontends.md)");
+  };
+  if (plan.pp > 1) return missing("pipeline parallelism (pp > 1)");
+  if (plan.ep > 1) return missing("expert parallelism (ep > 1)");
+  if (plan.dap) return missing("dynamic axial parallelism (dap)");
+  if (plan.microbatches > 1) return missing("more than one micro-batch (microbatches > 1)");
+  return Status::Ok();
+}
+
+/// "<model>.dp4.tp8[.sp][.zeroN]".
+std::string ProgramName(const ModelConfig& model, const ParallelPlan& plan) {
+  std::string name = model.name.empty() ? std::string(ToString(model.family)) : model.name;
+  name += ".dp" + std::to_string(plan.dp) + ".tp" + std::to_string(plan.tp);
+  if (plan.sp) name += ".sp";
+  if (plan.zero > 0) name += ".zero" + std::to_string(plan.zero);
+  return name;
+}
+
+}  // namespace
+
+Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& plan) {
+  CONCERTO_RETURN_IF_ERROR(ValidateModel(model));
+  CONCERTO_RETURN_IF_ERROR(ValidatePlan(model, plan));
+  CONCERTO_RETURN_IF_ERROR(CheckImplemented(plan));
+  Program program;
+  program.name = ProgramName(model, plan);
+  program.mesh.axes = {{"dp", plan.dp}, {"tp", plan.tp}};
+  Graph graph;
+  graph.name = "main";
+  graph.streams = {"compute", "comm"};
+  TransformerLowering(model, plan, &graph).Build();
+  program.graphs.push_back(std::move(graph));
+  Role role{"spmd", "main", {}};
+  for (int r = 0; r < program.mesh.NumRanks(); ++r) role.ranks.push_back(r);
+  program.roles.push_back(std::move(role));
+  return program;
+}
+
+
+// ===========================================================================
+// Models: families, presets, spec files, validation and parameter counts.
+
+namespace {
+
+/// One row of the preset table.
+struct PresetRow {
+  const char* name;
+  ModelFamily family;
+  int layers, hidden, heads, kv_heads, ffn_hidden, seq, vocab, batch;
+};
+
+// GPT: REFERENCES.md "Standard workloads" (Alpa's GPT-3 family; gpt-13b with
+// GPT-3's 40 layers; gpt-39b Megatron's 39.1B), sequence 2048, vocab 51,200.
+// LLaMA: LLaMA-1 7B and LLaMA-2 70B (GQA with 8 kv heads), sequence 4096 (the
+// LLaMA-2 context), vocab 32,000. Batch (sequences per dp rank) 1-8.
+constexpr PresetRow kPresets[] = {
+    {"gpt-tiny", ModelFamily::kGpt, 2, 256, 4, 4, 1024, 64, 512, 2},
+    {"gpt-1.3b", ModelFamily::kGpt, 24, 2048, 32, 32, 8192, 2048, 51200, 8},
+    {"gpt-2.7b", ModelFamily::kGpt, 32, 2560, 32, 32, 10240, 2048, 51200, 8},
+    {"gpt-6.7b", ModelFamily::kGpt, 32, 4096, 32, 32, 16384, 2048, 51200, 8},
+    {"gpt-13b", ModelFamily::kGpt, 40, 5120, 40, 40, 20480, 2048, 51200, 8},
+    {"gpt-39b", ModelFamily::kGpt, 48, 8192, 64, 64, 32768, 2048, 51200, 8},
+    {"llama-tiny", ModelFamily::kLlama, 2, 256, 8, 2, 512, 64, 512, 2},
+    {"llama-7b", ModelFamily::kLlama, 32, 4096, 32, 32, 11008, 4096, 32000, 4},
+    {"llama-70b", ModelFamily::kLlama, 80, 8192, 64, 8, 28672, 4096, 32000, 1},
+};
+
+/// The ModelConfig of a preset row.
+ModelConfig FromRow(const PresetRow& r) {
+  ModelConfig m;
+  m.name = r.name;
+  m.family = r.family;
+  m.layers = r.layers;
+  m.hidden = r.hidden;
+  m.heads = r.heads;
+  m.kv_heads = r.kv_heads;
+  m.ffn_hidden = r.ffn_hidden;
+  m.seq = r.seq;
+  m.vocab = r.vocab;
+  m.batch = r.batch;
+  return m;
+}
+
+/// "gpt-tiny, gpt-1.3b, ...".
+std::string PresetList() {
+  std::string out;
+  for (const PresetRow& r : kPresets) out += (out.empty() ? "" : ", ") + std::string(r.name);
+  return out;
+}
+
+/// Largest accepted model size field (keeps products in int64).
+constexpr int64_t kMaxModelDim = 1 << 30;
+
+/// Reads the top-level map of a model spec into a ModelConfig. Every error
+/// names the source and the field.
+class ModelSpecReader {
+ public:
+  ModelSpecReader(const std::string& source, const std::string& default_name)
+      : source_(source) {
+    m_.name = default_name;
+    m_.batch = 1;
+  }
+
+  /// Fills the config from `root`, applies the defaults and validates it.
+  Result<ModelConfig> Read(const YAML::Node& root) {
+    if (!root.IsMap()) return Status::Error(source_ + ": top level must be a map of model fields");
+    std::set<std::string> seen;
+    for (const auto& kv : root) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+      if (!seen.insert(key).second) return FieldError(key, "given twice");
+      CONCERTO_RETURN_IF_ERROR(ReadField(key, kv.second));
+    }
+    CONCERTO_RETURN_IF_ERROR(ApplyDefaults(seen));
+    Status valid = ValidateModel(m_);
+    if (!valid.ok()) return Status::Error(source_ + ": " + valid.message());
+    return m_;
+  }
+
+ private:
+  Status FieldError(const std::string& field, const std::string& what) const {
+    return Status::Error(source_ + ": field '" + field + "': " + what);
+  }
+
+  /// One field by name; unknown names are errors listing the known ones.
+  Status ReadField(const std::string& key, const YAML::Node& node) {
+    if (key == "name") return String(key, node, &m_.name);
+    if (key == "family") return Family(key, node);
+    if (key == "dtype") return Dtype(key, node);
+    const std::map<std::string, int*> ints = {
+        {"layers", &m_.layers},         {"hidden", &m_.hidden}, {"heads", &m_.heads},
+        {"kv_heads", &m_.kv_heads},     {"seq", &m_.seq},       {"vocab", &m_.vocab},
+        {"ffn_hidden", &m_.ffn_hidden}, {"batch", &m_.batch}};
+    auto it = ints.find(key);
+    if (it != ints.end()) return Integer(key, node, it->second);
+    return FieldError(key, "unknown field (known: name, family, layers, hidden, heads, kv_heads, "
+                           "ffn_hidden, seq, vocab, batch, dtype)");
+  }
+
+  /// Required fields present; kv_heads, ffn_hidden (gpt) defaulted.
+  Status ApplyDefaults(const std::set<std::string>& seen) {
+    for (const char* required : {"family", "layers", "hidden", "heads", "seq", "vocab"})
+      if (!seen.count(required)) return FieldError(required, "missing (required)");
+    if (!seen.count("kv_heads")) m_.kv_heads = m_.heads;
+    if (!seen.count("ffn_hidden")) {
+      if (m_.family != ModelFamily::kGpt)
+        return FieldError("ffn_hidden", "missing (required for family llama)");
+      m_.ffn_hidden = 4 * m_.hidden;
+    }
+    return Status::Ok();
+  }
+
+  Status String(const std::string& key, const YAML::Node& node, std::string* out) const {
+    if (!node.IsScalar()) return FieldError(key, "must be a string");
+    *out = node.Scalar();
+    return Status::Ok();
+  }
+
+  /// A positive integer written as a number (not quoted).
+  Status Integer(const std::string& key, const YAML::Node& node, int* out) const {
+    const std::string text = node.IsScalar() ? node.Scalar() : std::string();
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    const bool number = node.IsScalar() && node.Tag() != "!" && !text.empty() &&
+                        ec == std::errc() && end == text.data() + text.size();
+    if (!number || v < 1 || v > kMaxModelDim)
+      return FieldError(key, "must be a positive integer (at most " +
+                                 std::to_string(kMaxModelDim) + "), got " +
+                                 (node.IsScalar() ? "'" + text + "'" : std::string("a non-scalar")));
+    *out = static_cast<int>(v);
+    return Status::Ok();
+  }
+
+  Status Family(const std::string& key, const YAML::Node& node) {
+    std::string text;
+    CONCERTO_RETURN_IF_ERROR(String(key, node, &text));
+    std::optional<ModelFamily> f = ParseModelFamily(text);
+    if (!f) return FieldError(key, "must be gpt or llama, got '" + text + "'");
+    m_.family = *f;
+    return Status::Ok();
+  }
+
+  Status Dtype(const std::string& key, const YAML::Node& node) {
+    std::string text;
+    CONCERTO_RETURN_IF_ERROR(String(key, node, &text));
+    std::optional<DType> d = ParseDType(text);
+    if (!d || *d == DType::kI32 || *d == DType::kI64)
+      return FieldError(key, "must be bf16, f16 or f32, got '" + text + "'");
+    m_.dtype = *d;
+    return Status::Ok();
+  }
+
+  const std::string& source_;
+  ModelConfig m_;
+};
+
+/// "model 'x': <what>".
+Status ModelError(const ModelConfig& m, const std::string& what) {
+  return Status::Error("model '" + m.name + "': " + what);
+}
+
+}  // namespace
+
+std::string_view ToString(ModelFamily family) {
+  return family == ModelFamily::kGpt ? "gpt" : "llama";
+}
+
+std::optional<ModelFamily> ParseModelFamily(std::string_view text) {
+  if (text == "gpt") return ModelFamily::kGpt;
+  if (text == "llama") return ModelFamily::kLlama;
+  return std::nullopt;
+}
+
+std::vector<std::string> ModelPresetNames() {
+  std::vector<std::string> names;
+  for (const PresetRow& r : kPresets) names.push_back(r.name);
+  return names;
+}
+
+Result<ModelConfig> ModelPreset(const std::string& name) {
+  for (const PresetRow& r : kPresets)
+    if (name == r.name) return FromRow(r);
+  return Status::Error("model: unknown preset '" + name + "' (known: " + PresetList() + ")");
+}
+
+Result<ModelConfig> ParseModelSpec(const std::string& text, const std::string& source,
+                                   const std::string& default_name) {
+  try {
+    return ModelSpecReader(source, default_name).Read(YAML::Load(text));
+  } catch (const YAML::Exception& e) {
+    return Status::Error(source + ": line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+}
+
+Result<ModelConfig> LoadModelFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot read the model spec file");
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseModelSpec(text.str(), path, std::filesystem::path(path).stem().string());
+}
+
+Result<ModelConfig> LoadModel(const std::string& name_or_path) {
+  for (const PresetRow& r : kPresets)
+    if (name_or_path == r.name) return FromRow(r);
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(name_or_path, ec)) return LoadModelFile(name_or_path);
+  return Status::Error("model '" + name_or_path + "': not a preset (" + PresetList() +
+                       ") and not a readable model spec file");
+}
+
+Status ValidateModel(const ModelConfig& m) {
+  const std::pair<const char*, int> sizes[] = {
+      {"layers", m.layers}, {"hidden", m.hidden},         {"heads", m.heads},
+      {"kv_heads", m.kv_heads}, {"ffn_hidden", m.ffn_hidden}, {"seq", m.seq},
+      {"vocab", m.vocab},   {"batch", m.batch}};
+  for (const auto& [field, value] : sizes)
+    if (value <= 0)
+      return ModelError(m, std::string(field) + " must be positive, got " + std::to_string(value));
+  if (m.hidden % m.heads != 0)
+    return ModelError(m, "heads (" + std::to_string(m.heads) + ") must divide hidden (" +
+                             std::to_string(m.hidden) + ")");
+  if (m.heads % m.kv_heads != 0)
+    return ModelError(m, "kv_heads (" + std::to_string(m.kv_heads) + ") must divide heads (" +
+                             std::to_string(m.heads) + ")");
+  if (m.dtype == DType::kI32 || m.dtype == DType::kI64)
+    return ModelError(m, "dtype must be bf16, f16 or f32");
+  return Status::Ok();
+}
+
+int64_t ModelParameterCount(const ModelConfig& m) {
+  const int64_t h = m.hidden, f = m.ffn_hidden, kv_width = int64_t{m.kv_heads} * (h / m.heads);
+  const int64_t attention = 2 * h * h + 2 * h * kv_width;  // q and o; k and v
+  if (m.family == ModelFamily::kGpt) {
+    const int64_t per_layer = attention + 2 * h * f + 4 * h;  // fc1, fc2; two LayerNorms
+    return m.layers * per_layer + int64_t{m.vocab} * h + int64_t{m.seq} * h + 2 * h;
+  }
+  const int64_t per_layer = attention + 3 * h * f + 2 * h;  // gate, up, down; two RMSNorms
+  return m.layers * per_layer + 2 * int64_t{m.vocab} * h + h;
+}
+
+}  // namespace concerto

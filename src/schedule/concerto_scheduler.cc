@@ -1,0 +1,433 @@
+// The odd-even window search of the Concerto scheduler (see the header and
+// docs/concerto.md). Times inside the search are integer ticks; the
+// invariant is that `t` (start tick per op) is always a feasible schedule of
+// nominal durations: every window solve keeps it feasible, so the per-stream
+// orders decoded from it are deadlock-free.
+#include "concerto/schedule/concerto_scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fmt/format.h>
+#include <numeric>
+#include <set>
+#include <unordered_map>
+
+#include "concerto/ir/graph_index.h"
+#include "concerto/schedule/fusion_pass.h"
+#include "concerto/sim/lower_bound.h"
+
+namespace concerto {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// A scheduled program with its simulated makespan.
+struct Candidate {
+  ScheduledProgram sp;
+  double makespan_us = 0;
+  std::string name;
+};
+
+Result<double> SimulatedMakespan(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& sim) {
+  std::vector<std::string> v = VerifySchedule(sp.program, sp.schedule);
+  if (!v.empty()) return Status::Error("schedule fails verification: " + v[0]);
+  Result<Timeline> t = Simulate(sp, cost, sim);
+  if (!t.ok()) return t.status();
+  return t->makespan_us;
+}
+
+/// Drops the control edges a baseline added (synchronous collectives,
+/// serialization), keeping those of the input program and those pointing at
+/// ops the baseline created (fused buckets).
+void StripSchedulerEdges(const Program& input, Program& scheduled) {
+  for (size_t g = 0; g < scheduled.graphs.size(); ++g) {
+    const Graph& in = input.graphs[g];
+    std::unordered_map<int, const Op*> input_ops;
+    for (const Op& op : in.ops) input_ops.emplace(op.id, &op);
+    for (Op& op : scheduled.graphs[g].ops) {
+      auto it = input_ops.find(op.id);
+      if (it == input_ops.end()) continue;
+      const auto& original = it->second->control_deps;
+      std::vector<int> kept;
+      for (int d : op.control_deps)
+        if (!input_ops.count(d) || std::find(original.begin(), original.end(), d) != original.end())
+          kept.push_back(d);
+      op.control_deps = std::move(kept);
+    }
+  }
+}
+
+/// The state of one role during the search.
+struct RoleSearch {
+  int role = 0;
+  int rank = 0;
+  const Graph* graph = nullptr;
+  GraphIndex index;
+  std::vector<int64_t> dur;       // nominal duration, ticks
+  std::vector<int> stream;        // per op: stream index
+  std::vector<int64_t> t;         // start tick per op (feasible)
+  std::vector<int> topo;          // per op: position in a topological order
+  std::vector<std::vector<int>> order;  // per stream: op indices sorted by (t, topo)
+};
+
+/// Sorts each stream's ops by (start tick, topological position).
+void SortStreams(RoleSearch& r) {
+  r.order.assign(r.graph->streams.size(), {});
+  for (size_t i = 0; i < r.graph->ops.size(); ++i) r.order[r.stream[i]].push_back(static_cast<int>(i));
+  for (auto& o : r.order)
+    std::sort(o.begin(), o.end(), [&](int a, int b) { return std::tie(r.t[a], r.topo[a]) < std::tie(r.t[b], r.topo[b]); });
+}
+
+/// As-soon-as-possible start ticks for the current per-stream orders.
+void Compact(RoleSearch& r) {
+  const int n = static_cast<int>(r.graph->ops.size());
+  std::vector<int> indeg(n, 0), next(n, -1);
+  for (const auto& o : r.order)
+    for (size_t k = 0; k + 1 < o.size(); ++k) next[o[k]] = o[k + 1];
+  for (int i = 0; i < n; ++i) {
+    indeg[i] += static_cast<int>(r.index.preds[i].size());
+    if (next[i] >= 0) indeg[next[i]]++;
+  }
+  std::vector<int> stack;
+  for (int i = 0; i < n; ++i)
+    if (indeg[i] == 0) stack.push_back(i);
+  std::vector<int64_t> t(n, 0);
+  int done = 0;
+  while (!stack.empty()) {
+    int i = stack.back();
+    stack.pop_back();
+    ++done;
+    auto relax = [&](int s) {
+      t[s] = std::max(t[s], t[i] + r.dur[i]);
+      if (--indeg[s] == 0) stack.push_back(s);
+    };
+    for (int s : r.index.succs[i]) relax(s);
+    if (next[i] >= 0) relax(next[i]);
+  }
+  assert(done == n && "stream orders form a cycle");
+  r.t = std::move(t);
+}
+
+Schedule Decode(const Program& program, const std::vector<RoleSearch>& roles, const std::string& name) {
+  Schedule s;
+  s.scheduler = name;
+  for (const RoleSearch& r : roles) {
+    RoleSchedule rs;
+    rs.role = program.roles[r.role].name;
+    for (size_t k = 0; k < r.graph->streams.size(); ++k) {
+      StreamOrder so{r.graph->streams[k], {}};
+      for (int i : r.order[k]) so.op_ids.push_back(r.graph->ops[i].id);
+      rs.streams.push_back(std::move(so));
+    }
+    s.roles.push_back(std::move(rs));
+  }
+  return s;
+}
+
+/// One window: tasks (window ops and fixed blockers) and their op indices.
+struct Window {
+  WindowProblem problem;
+  std::vector<int> ops;    // task -> op index
+  int free_tasks = 0;      // the first free_tasks tasks are window ops, the rest blockers
+};
+
+/// Builds the problem of solving `members` with everything else fixed at r.t:
+/// outside predecessors give release times, outside successors deadlines,
+/// outside ops on the same stream between window ops become fixed blockers.
+Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t horizon, bool fix_comm_order) {
+  const int n = static_cast<int>(r.graph->ops.size());
+  std::vector<int> task_of(n, -1);
+  Window w;
+  for (int i : members) {
+    task_of[i] = static_cast<int>(w.ops.size());
+    w.ops.push_back(i);
+  }
+  w.free_tasks = static_cast<int>(w.ops.size());
+  std::vector<int64_t> release(w.ops.size(), 0), deadline(w.ops.size(), horizon);
+  std::vector<int> pos(n, -1);
+  for (const auto& o : r.order)
+    for (size_t k = 0; k < o.size(); ++k) pos[o[k]] = static_cast<int>(k);
+  for (size_t s = 0; s < r.order.size(); ++s) {
+    const auto& o = r.order[s];
+    int lo = -1, hi = -1;
+    for (int i : members)
+      if (r.stream[i] == static_cast<int>(s)) {
+        lo = lo < 0 ? pos[i] : std::min(lo, pos[i]);
+        hi = std::max(hi, pos[i]);
+      }
+    if (lo < 0) continue;
+    for (int k = lo; k <= hi; ++k)
+      if (task_of[o[k]] < 0) {  // a blocker, fixed where it is
+        task_of[o[k]] = static_cast<int>(w.ops.size());
+        w.ops.push_back(o[k]);
+        release.push_back(r.t[o[k]]);
+        deadline.push_back(r.t[o[k]] + r.dur[o[k]]);
+      }
+    for (int k = lo; k <= hi; ++k) {
+      int tk = task_of[o[k]];
+      if (tk >= w.free_tasks) continue;
+      if (lo > 0) release[tk] = std::max(release[tk], r.t[o[lo - 1]] + r.dur[o[lo - 1]]);
+      if (hi + 1 < static_cast<int>(o.size())) deadline[tk] = std::min(deadline[tk], r.t[o[hi + 1]]);
+    }
+  }
+  for (int tk = 0; tk < w.free_tasks; ++tk) {
+    int i = w.ops[tk];
+    for (int p : r.index.preds[i])
+      if (task_of[p] < 0) release[tk] = std::max(release[tk], r.t[p] + r.dur[p]);
+    for (int s : r.index.succs[i])
+      if (task_of[s] < 0) deadline[tk] = std::min(deadline[tk], r.t[s]);
+  }
+  WindowProblem& pb = w.problem;
+  pb.num_resources = static_cast<int>(r.graph->streams.size());
+  for (size_t tk = 0; tk < w.ops.size(); ++tk) {
+    int i = w.ops[tk];
+    pb.tasks.push_back({r.dur[i], r.stream[i], release[tk], deadline[tk], r.graph->ops[i].IsComm(), 0});
+    pb.hint.push_back(r.t[i]);
+    for (int p : r.index.preds[i])
+      if (task_of[p] >= 0) pb.precedences.push_back({task_of[p], static_cast<int>(tk)});
+  }
+  if (fix_comm_order) {
+    // Ranks of other roles rely on this role's communication order.
+    for (const auto& o : r.order) {
+      int last = -1;
+      for (int i : o) {
+        if (task_of[i] < 0 || !r.graph->ops[i].IsComm()) continue;
+        if (last >= 0) pb.precedences.push_back({task_of[last], task_of[i]});
+        last = i;
+      }
+    }
+  }
+  return w;
+}
+
+class Search {
+ public:
+  Search(const Program& program, const CostModel& cost, const ConcertoOptions& options, ConcertoReport* report,
+         const ProgressFn& progress)
+      : program_(program), cost_(cost), opts_(options), report_(report), progress_(progress) {}
+
+  Result<ScheduledProgram> Run() {
+    t0_ = Clock::now();
+    Result<std::unique_ptr<WindowSolver>> solver = MakeWindowSolver(opts_.solver);
+    if (!solver.ok()) return solver.status();
+    solver_ = std::move(solver).value();
+    report_->solver = opts_.solver;
+    CONCERTO_RETURN_IF_ERROR(PickIncumbent());
+    report_->lower_bound_us = LowerBoundUs(best_.sp.program);
+    CONCERTO_RETURN_IF_ERROR(InitRoles());
+    for (int round = 0; round < opts_.rounds && !Done(); ++round) {
+      for (int pass = 0; pass < 2 && !Done(); ++pass) CONCERTO_RETURN_IF_ERROR(RunPass(round, pass));
+      report_->rounds_run = round + 1;
+      report_->makespan_after_round_us.push_back(best_.makespan_us);
+    }
+    if (opts_.fuse && program_.roles.size() == 1) CONCERTO_RETURN_IF_ERROR(Fuse());
+    if (fallback_.makespan_us < best_.makespan_us) best_ = std::move(fallback_);
+    best_.sp.schedule.scheduler = "concerto";
+    report_->final_makespan_us = best_.makespan_us;
+    report_->gap = best_.makespan_us > 0 ? (best_.makespan_us - report_->lower_bound_us) / best_.makespan_us : 0;
+    report_->reached_lower_bound = best_.makespan_us <= report_->lower_bound_us * (1 + 1e-9);
+    report_->seconds = Since(t0_);
+    return std::move(best_.sp);
+  }
+
+ private:
+  double LowerBoundUs(const Program& p) {
+    return ComputeLowerBound(p, cost_, /*control_deps=*/false).lower_bound_us;
+  }
+
+  /// Every baseline, simulated as it is (the fallback: never return worse)
+  /// and with its ordering edges stripped (the starting point).
+  Status PickIncumbent() {
+    for (const std::string& name : BaselineNames()) {
+      Result<ScheduledProgram> sp = RunBaseline(name, program_, cost_, opts_.baselines);
+      if (!sp.ok()) return Status::Error("baseline '" + name + "': " + sp.status().message());
+      Result<double> as_is = SimulatedMakespan(*sp, cost_, opts_.sim);
+      if (!as_is.ok()) return Status::Error("baseline '" + name + "': " + as_is.status().message());
+      if (fallback_.name.empty() || *as_is < fallback_.makespan_us) fallback_ = {*sp, *as_is, name};
+      StripSchedulerEdges(program_, sp->program);
+      Result<double> stripped = SimulatedMakespan(*sp, cost_, opts_.sim);
+      if (stripped.ok() && (best_.name.empty() || *stripped < best_.makespan_us))
+        best_ = {std::move(sp).value(), *stripped, name};
+    }
+    report_->incumbent = fallback_.name;
+    report_->incumbent_makespan_us = fallback_.makespan_us;
+    if (best_.name.empty()) best_ = fallback_;
+    Say(fmt::format("incumbent: best baseline '{}' {:.3f} ms; search starts from '{}' without its ordering edges "
+                    "({:.3f} ms)",
+                    fallback_.name, fallback_.makespan_us / 1e3, best_.name, best_.makespan_us / 1e3));
+    return Status::Ok();
+  }
+
+  Status InitRoles() {
+    Result<Timeline> tl = Simulate(best_.sp, cost_, opts_.sim);
+    if (!tl.ok()) return tl.status();
+    tick_us_ = std::max(1e-3, tl->makespan_us / 2e6);
+    search_program_ = best_.sp.program;  // roles point into this stable copy
+    start_fusion_groups_ = best_.sp.schedule.fusion_groups;
+    const Program& p = search_program_;
+    roles_.clear();
+    for (size_t ri = 0; ri < p.roles.size(); ++ri) {
+      RoleSearch r;
+      r.role = static_cast<int>(ri);
+      r.rank = *std::min_element(p.roles[ri].ranks.begin(), p.roles[ri].ranks.end());
+      r.graph = &p.GraphOf(p.roles[ri]);
+      r.index = GraphIndex::Build(*r.graph);
+      const int n = static_cast<int>(r.graph->ops.size());
+      PriceContext ctx{*r.graph, r.index, p.mesh, r.rank};
+      for (const Op& op : r.graph->ops)
+        r.dur.push_back(static_cast<int64_t>(std::llround(cost_.Price(op, ctx).duration_us / tick_us_)));
+      r.stream.assign(n, 0);
+      for (int i = 0; i < n; ++i) {
+        const auto& st = r.graph->streams;
+        r.stream[i] = static_cast<int>(std::find(st.begin(), st.end(), r.graph->ops[i].stream) - st.begin());
+      }
+      r.topo.assign(n, 0);
+      std::vector<int> topo = TopologicalOrder(*r.graph, r.index);
+      for (size_t k = 0; k < topo.size(); ++k) r.topo[topo[k]] = static_cast<int>(k);
+      // Start from the incumbent's orders, compacted to nominal durations.
+      const RoleSchedule* rs = best_.sp.schedule.ForRole(p.roles[ri].name);
+      r.order.assign(r.graph->streams.size(), {});
+      for (const auto& so : rs->streams) {
+        int s = static_cast<int>(std::find(r.graph->streams.begin(), r.graph->streams.end(), so.stream) -
+                                 r.graph->streams.begin());
+        for (int id : so.op_ids) r.order[s].push_back(r.index.op.at(id));
+      }
+      Compact(r);
+      roles_.push_back(std::move(r));
+    }
+    return Status::Ok();
+  }
+
+  bool Done() {
+    if (best_.makespan_us <= report_->lower_bound_us * (1 + 1e-9)) return true;
+    if (Since(t0_) > opts_.time_budget_s) {
+      report_->hit_time_budget = true;
+      return true;
+    }
+    return false;
+  }
+
+  /// One odd (pass 0) or even (pass 1) sweep over every role, then decode
+  /// and simulate; the result replaces the best when it is faster.
+  Status RunPass(int round, int pass) {
+    for (RoleSearch& r : roles_) {
+      SortStreams(r);
+      std::vector<int> global(r.graph->ops.size());
+      std::iota(global.begin(), global.end(), 0);
+      std::sort(global.begin(), global.end(),
+                [&](int a, int b) { return std::tie(r.t[a], r.topo[a]) < std::tie(r.t[b], r.topo[b]); });
+      const int b = opts_.block_ops;
+      const int blocks = (static_cast<int>(global.size()) + b - 1) / b;
+      int64_t horizon = 0;
+      for (size_t i = 0; i < r.t.size(); ++i) horizon = std::max(horizon, r.t[i] + r.dur[i]);
+      for (int k = pass; k < blocks; k += 2) {
+        if (Done()) break;
+        std::vector<int> members(global.begin() + k * b,
+                                 global.begin() + std::min<size_t>(global.size(), static_cast<size_t>((k + 2) * b)));
+        SolveWindow(r, members, horizon, round, pass, k);
+      }
+    }
+    for (RoleSearch& r : roles_) {
+      SortStreams(r);
+      Compact(r);
+      SortStreams(r);
+    }
+    ScheduledProgram cand{search_program_, Decode(search_program_, roles_, "concerto")};
+    cand.schedule.fusion_groups = start_fusion_groups_;
+    Result<double> m = SimulatedMakespan(cand, cost_, opts_.sim);
+    if (!m.ok()) return Status::Error("decoded schedule: " + m.status().message());
+    if (*m < best_.makespan_us) best_ = {std::move(cand), *m, "concerto"};
+    Say(fmt::format("round {} {} pass: {} windows so far, pass makespan {:.3f} ms, best {:.3f} ms (LB {:.3f} ms)",
+                    round + 1, pass == 0 ? "odd" : "even", report_->windows.size(), *m / 1e3,
+                    best_.makespan_us / 1e3, report_->lower_bound_us / 1e3));
+    return Status::Ok();
+  }
+
+  void SolveWindow(RoleSearch& r, const std::vector<int>& members, int64_t horizon, int round, int pass, int block) {
+    Window w = BuildWindow(r, members, horizon, program_.roles.size() > 1);
+    WindowReport wr;
+    wr.round = round;
+    wr.pass = pass;
+    wr.first_block = block;
+    wr.tasks = static_cast<int>(w.ops.size());
+    SolverOptions so;
+    so.time_limit_s = std::min(opts_.window_time_limit_s, std::max(0.01, opts_.time_budget_s - Since(t0_)));
+    Result<WindowSolution> sol = solver_->Solve(w.problem, so);
+    if (!sol.ok() || (sol->status != SolveStatus::kOptimal && sol->status != SolveStatus::kFeasible)) {
+      wr.status = sol.ok() ? sol->status : SolveStatus::kNoSolution;
+      report_->windows_unsolved++;
+      report_->windows.push_back(wr);
+      return;
+    }
+    std::vector<std::string> violations = VerifyWindowSolution(w.problem, *sol);
+    assert(violations.empty() && "window solver returned an answer its verifier rejects");
+    if (!violations.empty()) {
+      report_->windows_unsolved++;
+      report_->windows.push_back(wr);
+      return;
+    }
+    for (int tk = 0; tk < w.free_tasks; ++tk) r.t[w.ops[tk]] = sol->start[tk];
+    SortStreams(r);
+    wr.status = sol->status;
+    wr.objective_us = sol->objective * tick_us_;
+    wr.bound_us = sol->bound * tick_us_;
+    wr.gap = sol->gap;
+    wr.seconds = sol->seconds;
+    report_->windows_solved++;
+    (sol->status == SolveStatus::kOptimal ? report_->windows_optimal : report_->windows_feasible)++;
+    report_->windows.push_back(wr);
+  }
+
+  /// The fusion pass on the best schedule; kept only when it simulates faster.
+  Status Fuse() {
+    Result<Timeline> tl = Simulate(best_.sp, cost_, opts_.sim);
+    if (!tl.ok()) return tl.status();
+    Candidate cand = best_;
+    Result<int> fused = FuseWhereItPays(cand.sp, *tl, cost_);
+    if (!fused.ok()) return fused.status();
+    if (*fused == 0) return Status::Ok();
+    Result<double> m = SimulatedMakespan(cand.sp, cost_, opts_.sim);
+    if (!m.ok()) return Status::Error("fusion pass: " + m.status().message());
+    Say(fmt::format("fusion: {} collectives merged, {:.3f} ms -> {:.3f} ms{}", *fused, best_.makespan_us / 1e3,
+                    *m / 1e3, *m < best_.makespan_us ? "" : " (not kept)"));
+    if (*m < best_.makespan_us) {
+      report_->fused_collectives = *fused;
+      report_->fusion_gain_us = best_.makespan_us - *m;
+      best_ = {std::move(cand.sp), *m, "concerto"};
+    }
+    return Status::Ok();
+  }
+
+  void Say(const std::string& line) {
+    if (progress_) progress_(line);
+  }
+
+  const Program& program_;
+  const CostModel& cost_;
+  const ConcertoOptions& opts_;
+  ConcertoReport* report_;
+  ProgressFn progress_;
+  Clock::time_point t0_;
+  std::unique_ptr<WindowSolver> solver_;
+  Candidate best_, fallback_;
+  Program search_program_;  // the program the windows reorder (the incumbent's)
+  std::vector<FusionGroup> start_fusion_groups_;
+  std::vector<RoleSearch> roles_;
+  double tick_us_ = 1;
+};
+
+}  // namespace
+
+Result<ScheduledProgram> RunConcerto(const Program& program, const CostModel& cost, const ConcertoOptions& options,
+                                     ConcertoReport* report, const ProgressFn& progress) {
+  if (options.block_ops < 1) return Status::Error("option --block: must be at least 1 op");
+  if (options.rounds < 0) return Status::Error("option --rounds: must not be negative");
+  ConcertoReport local;
+  Search search(program, cost, options, report ? report : &local, progress);
+  return search.Run();
+}
+
+}  // namespace concerto

@@ -1,0 +1,202 @@
+// Parallel plans: parsing, canonical text, and the constraints ValidatePlan
+// checks against a model (each rejection names the constraint).
+#include "concerto/lower/plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "concerto/lower/transformer.h"
+
+namespace concerto {
+namespace {
+
+/// ParsePlan that must succeed.
+ParallelPlan Parse(const std::string& text) {
+  Result<ParallelPlan> p = ParsePlan(text);
+  EXPECT_TRUE(p.ok()) << text << ": " << p.status().message();
+  return p.ok() ? *p : ParallelPlan{};
+}
+
+/// The error message of ParsePlan on `text` (the test fails if it parses).
+std::string ParseError(const std::string& text) {
+  Result<ParallelPlan> p = ParsePlan(text);
+  EXPECT_FALSE(p.ok()) << text << " should not parse";
+  return p.ok() ? std::string() : p.status().message();
+}
+
+ModelConfig Model(const std::string& name) {
+  Result<ModelConfig> m = ModelPreset(name);
+  EXPECT_TRUE(m.ok()) << m.status().message();
+  return m.ok() ? *m : ModelConfig{};
+}
+
+/// The error message of ValidatePlan (the test fails if the plan is accepted).
+std::string Rejection(const ModelConfig& m, const std::string& plan, int world_size = 0) {
+  Status s = ValidatePlan(m, Parse(plan), world_size);
+  EXPECT_FALSE(s.ok()) << plan << " should be rejected for " << m.name;
+  return s.ok() ? std::string() : s.message();
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+TEST(PlanParse, TheIssueExamples) {
+  ParallelPlan a = Parse("dp=4,tp=8");
+  EXPECT_EQ(a.dp, 4);
+  EXPECT_EQ(a.tp, 8);
+  EXPECT_EQ(a.pp, 1);
+  EXPECT_FALSE(a.sp);
+  EXPECT_EQ(a.zero, 0);
+
+  ParallelPlan b = Parse("pp=4,tp=8,dp=1,sp,microbatches=8");
+  EXPECT_EQ(b.pp, 4);
+  EXPECT_EQ(b.tp, 8);
+  EXPECT_EQ(b.dp, 1);
+  EXPECT_TRUE(b.sp);
+  EXPECT_EQ(b.microbatches, 8);
+
+  ParallelPlan c = Parse("zero=3,dp=32");
+  EXPECT_EQ(c.zero, 3);
+  EXPECT_EQ(c.dp, 32);
+  EXPECT_EQ(c.tp, 1);
+}
+
+TEST(PlanParse, DefaultsSpacesFlagsAndEmptyItems) {
+  ParallelPlan d = Parse("");
+  EXPECT_EQ(PlanToString(d), "dp=1,tp=1");
+  ParallelPlan s = Parse(" dp = 2 , tp=4,, sp=1 ,ep=2,dap ");
+  EXPECT_EQ(s.dp, 2);
+  EXPECT_EQ(s.tp, 4);
+  EXPECT_TRUE(s.sp);
+  EXPECT_EQ(s.ep, 2);
+  EXPECT_TRUE(s.dap);
+  EXPECT_FALSE(Parse("sp=0").sp);
+  EXPECT_EQ(Parse("zero=0,dp=2").zero, 0);
+}
+
+TEST(PlanParse, CanonicalTextRoundTrips) {
+  for (const char* text : {"dp=4,tp=8", "dp=1,tp=8,pp=4,sp,microbatches=8", "dp=32,tp=1,zero=3",
+                           "dp=2,tp=2,ep=2,zero=1,dap"}) {
+    EXPECT_EQ(PlanToString(Parse(text)), text);
+    EXPECT_EQ(PlanToString(Parse(PlanToString(Parse(text)))), text);
+  }
+  EXPECT_EQ(PlanToString(Parse("sp,tp=2")), "dp=1,tp=2,sp");
+}
+
+TEST(PlanParse, ErrorsNameTheItem) {
+  std::string e = ParseError("dp=4,xp=2");
+  EXPECT_HAS(e, "item 'xp=2'");
+  EXPECT_HAS(e, "unknown key 'xp'");
+  EXPECT_HAS(e, "microbatches");  // lists the known keys
+  EXPECT_HAS(ParseError("dp=2,tp=2,dp=4"), "key 'dp' is given twice");
+  EXPECT_HAS(ParseError("sp,tp=2,sp"), "key 'sp' is given twice");
+  e = ParseError("dp=four");
+  EXPECT_HAS(e, "item 'dp=four'");
+  EXPECT_HAS(e, "dp must be an integer from 1");
+  EXPECT_HAS(ParseError("tp=2.5"), "got '2.5'");
+  EXPECT_HAS(ParseError("dp=0"), "dp must be an integer from 1");
+  EXPECT_HAS(ParseError("tp=-2"), "tp must be an integer from 1");
+  EXPECT_HAS(ParseError("dp=99999999999"), "got '99999999999'");
+  EXPECT_HAS(ParseError("microbatches="), "microbatches must be");
+  EXPECT_HAS(ParseError("zero=4,dp=2"), "zero must be 0, 1, 2 or 3, got '4'");
+  EXPECT_HAS(ParseError("zero=-1,dp=2"), "zero must be 0, 1, 2 or 3");
+  EXPECT_HAS(ParseError("dp"), "'dp' needs a value (dp=N)");
+  EXPECT_HAS(ParseError("tp=2,sp=yes"), "'sp' is a flag");
+}
+
+TEST(PlanParse, SequenceParallelNeedsTensorParallel) {
+  EXPECT_HAS(ParseError("sp"), "needs tp > 1");
+  EXPECT_HAS(ParseError("dp=8,tp=1,sp"), "needs tp > 1, got tp=1");
+  EXPECT_TRUE(Parse("tp=2,sp").sp);
+}
+
+TEST(PlanParse, DpTpEntryPointTakesOnlyDpAndTp) {
+  Result<DpTpPlan> p = ParseDpTpPlan("dp=4,tp=8");
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->dp, 4);
+  EXPECT_EQ(p->tp, 8);
+  Result<DpTpPlan> sp = ParseDpTpPlan("dp=4,tp=8,sp");
+  ASSERT_FALSE(sp.ok());
+  EXPECT_HAS(sp.status().message(), "dp and tp only");
+  Result<DpTpPlan> bad = ParseDpTpPlan("dp=4,xx=1");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_HAS(bad.status().message(), "unknown key 'xx'");
+  EXPECT_EQ(PlanToString(ToParallelPlan({3, 2})), "dp=3,tp=2");
+}
+
+TEST(PlanValidate, AcceptsPlansThatFit) {
+  EXPECT_TRUE(ValidatePlan(Model("gpt-1.3b"), Parse("dp=4,tp=8"), 32).ok());
+  EXPECT_TRUE(ValidatePlan(Model("gpt-1.3b"), Parse("dp=4,tp=8,sp")).ok());
+  EXPECT_TRUE(ValidatePlan(Model("gpt-13b"), Parse("zero=3,dp=32"), 32).ok());
+  EXPECT_TRUE(ValidatePlan(Model("llama-70b"), Parse("pp=4,tp=8,dp=1,sp,microbatches=8"), 32).ok());
+  EXPECT_TRUE(ValidatePlan(Model("llama-70b"), Parse("tp=8,sp")).ok());
+}
+
+// Degrees against the world size: tp*pp must divide it, dp*tp*pp equal it.
+TEST(PlanValidate, WorldSize) {
+  const ModelConfig m = Model("gpt-1.3b");
+  EXPECT_HAS(Rejection(m, "dp=4,tp=8", 64), "dp x tp x pp (32) must equal the world size (64)");
+  EXPECT_HAS(Rejection(m, "dp=4,tp=8", 64), "dp=8 would");
+  EXPECT_HAS(Rejection(m, "tp=8,pp=3,microbatches=3", 64),
+             "tp x pp (24) must divide the world size (64)");
+}
+
+TEST(PlanValidate, TensorParallelMustDivideHeadsKvHeadsVocabFfn) {
+  // gpt-tiny: 4 heads; llama-tiny: 8 heads, 2 kv heads, ffn 512, vocab 512.
+  EXPECT_HAS(Rejection(Model("gpt-tiny"), "tp=8"), "tp (8) must divide heads (4)");
+  EXPECT_HAS(Rejection(Model("llama-tiny"), "tp=4"), "tp (4) must divide kv_heads (2)");
+  EXPECT_HAS(Rejection(Model("llama-70b"), "tp=16"), "tp (16) must divide kv_heads (8)");
+  ModelConfig odd_vocab = Model("llama-tiny");
+  odd_vocab.vocab = 511;
+  EXPECT_HAS(Rejection(odd_vocab, "tp=2"), "tp (2) must divide vocab (511)");
+  ModelConfig odd_ffn = Model("llama-tiny");
+  odd_ffn.ffn_hidden = 513;
+  EXPECT_HAS(Rejection(odd_ffn, "tp=2"), "tp (2) must divide ffn_hidden (513)");
+  ModelConfig odd_seq = Model("llama-tiny");
+  odd_seq.seq = 63;
+  EXPECT_TRUE(ValidatePlan(odd_seq, Parse("tp=2")).ok());
+  EXPECT_HAS(Rejection(odd_seq, "tp=2,sp"), "tp (sequence parallel) (2) must divide seq (63)");
+}
+
+TEST(PlanValidate, PipelineMustDivideLayersAndHaveEnoughMicrobatches) {
+  EXPECT_HAS(Rejection(Model("llama-tiny"), "pp=3,microbatches=3"), "pp (3) must divide layers (2)");
+  EXPECT_HAS(Rejection(Model("llama-7b"), "pp=4,microbatches=2"),
+             "1F1B needs microbatches >= pp, got microbatches=2 < pp=4");
+  EXPECT_HAS(Rejection(Model("llama-7b"), "pp=4"), "microbatches=1 < pp=4");
+}
+
+TEST(PlanValidate, ExpertsZeroAndDap) {
+  EXPECT_HAS(Rejection(Model("gpt-tiny"), "dp=2,ep=2"), "ep (2) must divide the number of experts");
+  EXPECT_HAS(Rejection(Model("gpt-tiny"), "zero=2"), "zero=2 shards over dp and needs dp > 1");
+  // gpt-tiny: hidden 256 is not a multiple of 3.
+  EXPECT_HAS(Rejection(Model("gpt-tiny"), "zero=1,dp=3"), "(3) must divide hidden (256)");
+  // gpt-tiny at tp=2: fc2/proj rows hidden/tp = 128 not a multiple of 256.
+  EXPECT_HAS(Rejection(Model("gpt-tiny"), "zero=3,dp=256,tp=2"), "must divide hidden/tp (128)");
+  std::string dap = Rejection(Model("llama-7b"), "dap");
+  EXPECT_HAS(dap, "dap (dynamic axial parallelism) needs an Evoformer model");
+  EXPECT_HAS(dap, "'llama-7b' is a llama decoder");
+  // Messages name the plan and the model.
+  EXPECT_HAS(dap, "plan 'dp=1,tp=1,dap' for model 'llama-7b'");
+}
+
+TEST(PlanValidate, DegreesBuiltByHandAreChecked) {
+  ParallelPlan p;
+  p.tp = 0;
+  Status s = ValidatePlan(Model("gpt-tiny"), p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_HAS(s.message(), "tp must be >= 1, got 0");
+  p = ParallelPlan{};
+  p.zero = 5;
+  p.dp = 2;
+  s = ValidatePlan(Model("gpt-tiny"), p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_HAS(s.message(), "zero must be 0, 1, 2 or 3, got 5");
+  p = ParallelPlan{};
+  p.sp = true;
+  s = ValidatePlan(Model("gpt-tiny"), p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_HAS(s.message(), "sp (sequence parallelism) needs tp > 1");
+}
+
+}  // namespace
+}  // namespace concerto
