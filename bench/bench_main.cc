@@ -6,6 +6,7 @@
 #include "concerto/cost/cost_model.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/synthetic.h"
+#include "concerto/schedule/concerto_scheduler.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/schedule/scheduler.h"
 #include "concerto/sim/simulator.h"
@@ -71,6 +72,48 @@ BENCHMARK_CAPTURE(BM_BaselineOnGpt, ddp, std::string("ddp"))->Unit(benchmark::kM
 BENCHMARK_CAPTURE(BM_BaselineOnGpt, megatron, std::string("megatron"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_BaselineOnGpt, zero, std::string("zero"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_BaselineOnGpt, xla_lhs, std::string("xla-lhs"))->Unit(benchmark::kMillisecond);
+
+/// The Concerto scheduler with default options on a synthetic graph of
+/// state.range(0) ops (8 ranks): search time and quality against the best
+/// baseline and the lower bound.
+void BM_ConcertoSynthetic(benchmark::State& state) {
+  SyntheticSpec spec;
+  spec.num_ops = static_cast<int>(state.range(0));
+  spec.ranks = 8;
+  Program p = SyntheticProgram(spec);
+  AnalyticCostModel cost = A800();
+  ConcertoOptions options;
+  options.time_budget_s = 120;
+  ConcertoReport report;
+  for (auto _ : state) {
+    Result<ScheduledProgram> sp = RunConcerto(p, cost, options, &report);
+    if (!sp.ok()) state.SkipWithError(sp.status().message().c_str());
+  }
+  state.counters["incumbent_us"] = report.incumbent_makespan_us;
+  state.counters["concerto_us"] = report.final_makespan_us;
+  state.counters["lower_bound_us"] = report.lower_bound_us;
+  state.counters["T_over_LB"] = report.final_makespan_us / report.lower_bound_us;
+  state.counters["windows"] = static_cast<double>(report.windows.size());
+  state.counters["rounds"] = report.rounds_run;
+}
+BENCHMARK(BM_ConcertoSynthetic)->Arg(1000)->Arg(10000)->Iterations(1)->Unit(benchmark::kSecond);
+
+/// Concerto with default options on gpt-1.3b dp4 tp8 (a800-4x8).
+void BM_ConcertoGpt13b(benchmark::State& state) {
+  Program p = LowerGpt(GptPreset("gpt-1.3b").value(), {4, 8}).value();
+  AnalyticCostModel cost = A800();
+  ConcertoOptions options;
+  ConcertoReport report;
+  for (auto _ : state) {
+    Result<ScheduledProgram> sp = RunConcerto(p, cost, options, &report);
+    if (!sp.ok()) state.SkipWithError(sp.status().message().c_str());
+  }
+  state.counters["incumbent_us"] = report.incumbent_makespan_us;
+  state.counters["concerto_us"] = report.final_makespan_us;
+  state.counters["lower_bound_us"] = report.lower_bound_us;
+  state.counters["improvement"] = report.incumbent_makespan_us / report.final_makespan_us;
+}
+BENCHMARK(BM_ConcertoGpt13b)->Iterations(1)->Unit(benchmark::kSecond);
 
 }  // namespace
 }  // namespace concerto

@@ -56,9 +56,11 @@ class PlanParser {
   }
 
  private:
+  /// "plan '<text>': <what>".
   Status Error(const std::string& what) const {
     return Status::Error("plan '" + text_ + "': " + what);
   }
+  /// "plan '<text>': item '<item>': <what>".
   Status ItemError(const std::string& item, const std::string& what) const {
     return Error("item '" + item + "': " + what);
   }
@@ -78,12 +80,14 @@ class PlanParser {
     return ParseInt(item, key, value, 1, kMaxDegree, IntField(key));
   }
 
+  /// Whether `key` is a plan key.
   static bool IsKnown(const std::string& key) {
     static const std::set<std::string> kKeys = {"dp",   "tp",           "pp",  "ep",
                                                 "sp",   "zero",         "dap", "microbatches"};
     return kKeys.count(key) > 0;
   }
 
+  /// The integer field of a degree key (dp, tp, pp, ep, microbatches).
   int* IntField(const std::string& key) {
     if (key == "dp") return &plan_.dp;
     if (key == "tp") return &plan_.tp;
@@ -149,6 +153,7 @@ class PlanChecker {
   }
 
  private:
+  /// "plan '<plan>' for model '<name>': <what>".
   Status Fail(const std::string& what) const {
     return Status::Error("plan '" + PlanToString(p_) + "' for model '" + m_.name + "': " + what);
   }
@@ -159,11 +164,13 @@ class PlanChecker {
     return Fail(divisor_name + " (" + std::to_string(divisor) + ") must divide " + value_name +
                 " (" + std::to_string(value) + ")");
   }
+  /// Error unless value >= lo.
   Status AtLeast(const std::string& name, int value, int lo) const {
     if (value >= lo) return Status::Ok();
     return Fail(name + " must be >= " + std::to_string(lo) + ", got " + std::to_string(value));
   }
 
+  /// Degrees >= 1, zero in 0..3, sp with tp > 1.
   Status Degrees() const {
     CONCERTO_RETURN_IF_ERROR(AtLeast("dp", p_.dp, 1));
     CONCERTO_RETURN_IF_ERROR(AtLeast("tp", p_.tp, 1));
@@ -190,6 +197,7 @@ class PlanChecker {
     return Status::Ok();
   }
 
+  /// tp divides heads, kv_heads, vocab, ffn_hidden (and seq under sp).
   Status TensorParallel() const {
     CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "heads", m_.heads));
     CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "kv_heads", m_.kv_heads));
@@ -199,6 +207,7 @@ class PlanChecker {
     return Status::Ok();
   }
 
+  /// pp divides layers; 1F1B needs microbatches >= pp.
   Status Pipeline() const {
     CONCERTO_RETURN_IF_ERROR(Divides("pp", p_.pp, "layers", m_.layers));
     if (p_.pp > 1 && p_.microbatches < p_.pp)
@@ -207,6 +216,7 @@ class PlanChecker {
     return Status::Ok();
   }
 
+  /// ep > 1 needs experts; the dense families here have none.
   Status Experts() const {
     if (p_.ep <= 1) return Status::Ok();
     return Fail("ep (" + std::to_string(p_.ep) +

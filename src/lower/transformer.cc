@@ -9,7 +9,6 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
-#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -62,6 +61,7 @@ class GraphBuilder {
  public:
   explicit GraphBuilder(Graph* graph) : graph_(graph) { tags_.microbatch = 0; }
 
+  /// Phase and layer tags of the ops appended from now on.
   void SetPhase(Phase phase) { tags_.phase = phase; }
   void SetLayer(int layer) { tags_.layer = layer; }
 
@@ -131,6 +131,7 @@ class GraphBuilder {
   void SetBytes(int id, double bytes) { graph_->ops[id].bytes = bytes; }
 
  private:
+  /// Appends an op with the next id and the current tags.
   Op& NewOp(const std::string& name, OpKind kind, const std::string& stream) {
     Op op;
     op.id = static_cast<int>(graph_->ops.size());
@@ -142,6 +143,7 @@ class GraphBuilder {
     return graph_->ops.back();
   }
 
+  /// Total bytes of the named tensors.
   int64_t SumBytes(const std::vector<std::string>& names) const {
     int64_t total = 0;
     for (const auto& n : names) total += Get(n).Bytes();
@@ -257,14 +259,17 @@ class ParamStore {
   }
 
  private:
+  /// The parameter called `name` (must be declared).
   Param& Find(const std::string& name) {
     auto it = index_.find(name);
     assert(it != index_.end() && "unknown parameter");
     return params_[it->second];
   }
 
+  /// {"dp"} when dp > 1: a raw gradient's pending reduction.
   Axes DpPartial() const { return plan_.dp > 1 ? Axes{"dp"} : Axes{}; }
 
+  /// Whether `tensor` holds a pending partial sum over `axis`.
   bool IsPartialOver(const std::string& tensor, const std::string& axis) const {
     for (const std::string& a : b_->Get(tensor).partial)
       if (a == axis) return true;
@@ -369,11 +374,14 @@ class TransformerLowering {
   }
 
  private:
+  /// gpt family (else llama).
   bool Gpt() const { return m_.family == ModelFamily::kGpt; }
 
   // ---- tensors ------------------------------------------------------------
 
+  /// "L<layer>.", the prefix of a block's op and tensor names.
   static std::string LayerPrefix(int layer) { return "L" + std::to_string(layer) + "."; }
+  /// {"tp"} when tp > 1: the partial sum a row-parallel matmul leaves.
   Axes TpPartial() const { return plan_.tp > 1 ? Axes{"tp"} : Axes{}; }
 
   /// [B, s(, n)]: the batch dim is this rank's dp share of the global batch;
@@ -534,6 +542,7 @@ class TransformerLowering {
     if (Gpt()) params_.Sync(beta, outputs[2]);
     return dx;
   }
+  /// Local head counts of the attention ops, causal.
   Attrs AttentionAttrs() const {
     return {{"heads", static_cast<double>(d_.heads_tp)},
             {"kv_heads", static_cast<double>(d_.kv_heads_tp)},
@@ -1015,6 +1024,7 @@ class ModelSpecReader {
   }
 
  private:
+  /// "<source>: field '<field>': <what>".
   Status FieldError(const std::string& field, const std::string& what) const {
     return Status::Error(source_ + ": field '" + field + "': " + what);
   }
@@ -1047,6 +1057,7 @@ class ModelSpecReader {
     return Status::Ok();
   }
 
+  /// A scalar field as text.
   Status String(const std::string& key, const YAML::Node& node, std::string* out) const {
     if (!node.IsScalar()) return FieldError(key, "must be a string");
     *out = node.Scalar();
@@ -1068,6 +1079,7 @@ class ModelSpecReader {
     return Status::Ok();
   }
 
+  /// "gpt" or "llama".
   Status Family(const std::string& key, const YAML::Node& node) {
     std::string text;
     CONCERTO_RETURN_IF_ERROR(String(key, node, &text));
@@ -1077,6 +1089,7 @@ class ModelSpecReader {
     return Status::Ok();
   }
 
+  /// A floating-point dtype name (bf16, f16, f32).
   Status Dtype(const std::string& key, const YAML::Node& node) {
     std::string text;
     CONCERTO_RETURN_IF_ERROR(String(key, node, &text));

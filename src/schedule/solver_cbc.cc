@@ -9,6 +9,7 @@
 #include <mutex>
 #include <string>
 #include <vector>
+#include <cstdlib>
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -189,7 +190,8 @@ WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation
   model.setRandomSeed(static_cast<int>(options.seed % 1000000007));
   model.setNumberThreads(0);
   CbcStrategyDefault strategy(1, 5, 5, 0);
-  model.setStrategy(strategy);
+  if (!getenv("NOSTRAT")) model.setStrategy(strategy);
+  if (getenv("NOSTRONG")) model.setNumberStrong(0);
   if (!prep.hint.empty()) {
     std::vector<double> cols = HintColumns(prep, ilp);
     model.setBestSolution(cols.data(), static_cast<int>(cols.size()), static_cast<double>(prep.hint_objective), true);
