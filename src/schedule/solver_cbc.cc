@@ -2,6 +2,7 @@
 // model, solved by COIN-OR CBC (CbcModel over OsiClpSolverInterface).
 // Continuous start times, a makespan variable, one ordering binary per pair of
 // tasks on the same resource that nothing orders already.
+#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -65,13 +66,20 @@ struct Ilp {
   int makespan_col = 0;
   std::vector<OrderingPair> pairs;  // pair k is column makespan_col + 1 + k
   std::vector<double> col_lower, col_upper, objective;
-  CoinPackedMatrix rows{false, 0, 0};
+  std::vector<int> entry_row, entry_col;  // the constraint matrix as triplets
+  std::vector<double> entry_value;
   std::vector<double> row_lower;
 };
 
 /// Appends the row sum(coef * col) >= rhs.
 void AddRow(Ilp* ilp, const std::vector<int>& cols, const std::vector<double>& coefs, double rhs) {
-  ilp->rows.appendRow(static_cast<int>(cols.size()), cols.data(), coefs.data());
+  assert(cols.size() == coefs.size());
+  const int row = static_cast<int>(ilp->row_lower.size());
+  for (size_t k = 0; k < cols.size(); ++k) {
+    ilp->entry_row.push_back(row);
+    ilp->entry_col.push_back(cols[k]);
+    ilp->entry_value.push_back(coefs[k]);
+  }
   ilp->row_lower.push_back(rhs);
 }
 
@@ -154,7 +162,10 @@ std::vector<double> HintColumns(const WindowPreparation& prep, const Ilp& ilp) {
 /// Loads the ILP into a quiet Clp interface with the binaries marked.
 void LoadSolver(const Ilp& ilp, OsiClpSolverInterface* solver) {
   std::vector<double> row_upper(ilp.row_lower.size(), solver->getInfinity());
-  solver->loadProblem(ilp.rows, ilp.col_lower.data(), ilp.col_upper.data(), ilp.objective.data(),
+  CoinPackedMatrix rows(false, ilp.entry_row.data(), ilp.entry_col.data(), ilp.entry_value.data(),
+                        static_cast<int>(ilp.entry_value.size()));
+  rows.setDimensions(static_cast<int>(ilp.row_lower.size()), static_cast<int>(ilp.col_lower.size()));
+  solver->loadProblem(rows, ilp.col_lower.data(), ilp.col_upper.data(), ilp.objective.data(),
                       ilp.row_lower.data(), row_upper.data());
   for (size_t k = 0; k < ilp.pairs.size(); ++k) solver->setInteger(ilp.makespan_col + 1 + static_cast<int>(k));
   solver->messageHandler()->setLogLevel(0);

@@ -15,6 +15,7 @@
 #include "concerto/ir/json_io.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/plan.h"
+#include "concerto/lower/transformer.h"
 #include "concerto/report/report.h"
 #include "concerto/schedule/window_solver.h"
 
@@ -281,24 +282,28 @@ int CmdCompare(const std::string& file, const CommonFlags& flags, std::vector<st
 
 // ---- lower ----
 int CmdLower(const std::string& model, const std::string& plan_text, const std::string& out, bool json) {
-  Result<GptConfig> config = GptPreset(model);
+  Result<ModelConfig> config = LoadModel(model);
   if (!config.ok()) return Fail(config.status());
-  Result<DpTpPlan> plan = ParseDpTpPlan(plan_text);
+  Result<ParallelPlan> plan = ParsePlan(plan_text);
   if (!plan.ok()) return Fail(plan.status());
   auto t0 = std::chrono::steady_clock::now();
-  Result<Program> program = LowerGpt(*config, *plan);
+  Result<Program> program = LowerTransformer(*config, *plan);
   if (!program.ok()) return Fail(program.status());
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (Status s = WriteFile(out, WriteProgram(*program)); !s.ok()) return Fail(s);
-  size_t ops = 0;
-  for (const auto& g : program->graphs) ops += g.ops.size();
+  size_t ops = 0, comm = 0;
+  for (const auto& g : program->graphs) {
+    ops += g.ops.size();
+    for (const auto& op : g.ops) comm += op.IsComm();
+  }
   if (json)
-    std::cout << nlohmann::json({{"model", model}, {"plan", plan_text}, {"ops", ops}, {"lower_ms", ms},
-                                 {"output", out}})
+    std::cout << nlohmann::json({{"model", model}, {"plan", PlanToString(*plan)}, {"ranks", program->mesh.NumRanks()},
+                                 {"ops", ops}, {"comm_ops", comm}, {"lower_ms", ms}, {"output", out}})
                      .dump(2)
               << "\n";
   else
-    std::cout << fmt::format("{} under {}: {} ops in {:.1f} ms, written to {}\n", model, plan_text, ops, ms, out);
+    std::cout << fmt::format("{} under {}: {} ranks, {} ops ({} communication) in {:.1f} ms, written to {}\n", model,
+                             PlanToString(*plan), program->mesh.NumRanks(), ops, comm, ms, out);
   return 0;
 }
 
@@ -395,9 +400,11 @@ int main(int argc, char** argv) {
   std::string lower_model = "gpt-1.3b", lower_plan = "dp=4,tp=8", lower_out;
   bool lower_json = false;
   auto* lower = app.add_subcommand("lower", "lower a model preset under a parallel plan to an IR file");
-  lower->add_option("--model", lower_model, "model preset: " + fmt::format("{}", fmt::join(GptPresetNames(), ", ")))
+  lower->add_option("--model", lower_model,
+                    "model preset (" + fmt::format("{}", fmt::join(ModelPresetNames(), ", ")) + ") or a .yaml/.json model spec")
       ->capture_default_str();
-  lower->add_option("--plan", lower_plan, "parallel plan, e.g. dp=4,tp=8")->capture_default_str();
+  lower->add_option("--plan", lower_plan, "parallel plan: dp=N,tp=N,sp,zero=0..3 (e.g. dp=4,tp=8,sp or zero=3,dp=32)")
+      ->capture_default_str();
   lower->add_option("-o,--output", lower_out, "where to write the program")->required();
   lower->add_flag("--json", lower_json, "print one JSON object");
 
