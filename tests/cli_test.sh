@@ -46,6 +46,11 @@ check simulate_given_schedule 0 "$BIN" simulate "$TMP/p.json" --schedule "$TMP/s
 contains given_schedule_name "$TMP/out" '"scheduler": "megatron"'
 check schedule_for_other_program 1 "$BIN" simulate "$TMP/tiny.json" --schedule "$TMP/s.json"
 contains schedule_rejected "$TMP/err" "fails verification"
+check compare_model_plan 0 "$BIN" compare --model llama-tiny --plan dp=2,tp=2,sp --cluster commodity-4x8 --schedulers fifo,ddp --json
+contains compare_model_label "$TMP/out" '"program": "llama-tiny'
+check compare_needs_input 2 "$BIN" compare
+check models 0 "$BIN" models
+contains models_lists_llama "$TMP/out" "llama-70b"
 check bad_plan 1 "$BIN" lower --model gpt-tiny --plan dp=2,tp=3 -o "$TMP/x.json"
 check deadlock_is_error 1 "$BIN" simulate "$ROOT/tests/golden/deadlock_p2p.json"
 contains deadlock_message "$TMP/err" "deadlock"

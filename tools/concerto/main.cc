@@ -262,8 +262,27 @@ Status RunCompare(const Program& program, const CommonFlags& flags, const std::v
   return Status::Ok();
 }
 
-int CmdCompare(const std::string& file, const CommonFlags& flags, std::vector<std::string> schedulers) {
-  Result<Program> program = ReadProgramFile(file);
+/// The program named by FILE, or lowered from --model/--plan when FILE is empty.
+Result<Program> ProgramFromArgs(const std::string& file, const std::string& model, const std::string& plan_text,
+                                std::string* label) {
+  if (!file.empty()) {
+    *label = file;
+    return ReadProgramFile(file);
+  }
+  if (model.empty()) return Status::Error("give a program FILE or --model (and --plan)");
+  Result<ModelConfig> config = LoadModel(model);
+  if (!config.ok()) return config.status();
+  Result<ParallelPlan> plan = ParsePlan(plan_text);
+  if (!plan.ok()) return plan.status();
+  *label = model + " (" + PlanToString(*plan) + ")";
+  Progress("lowering " + *label);
+  return LowerTransformer(*config, *plan);
+}
+
+int CmdCompare(const std::string& file, const std::string& model, const std::string& plan_text,
+               const CommonFlags& flags, std::vector<std::string> schedulers) {
+  std::string label;
+  Result<Program> program = ProgramFromArgs(file, model, plan_text, &label);
   if (!program.ok()) return Fail(program.status());
   if (schedulers.empty()) schedulers = SchedulerNames();
   std::vector<RunResult> runs;
@@ -272,10 +291,10 @@ int CmdCompare(const std::string& file, const CommonFlags& flags, std::vector<st
   if (Status s = RunCompare(*program, flags, schedulers, &runs, &bound, &cluster); !s.ok()) return Fail(s);
   if (flags.json) {
     nlohmann::json j = CompareJson(runs, bound, cluster);
-    j["file"] = file;
+    j["program"] = label;
     std::cout << j.dump(2) << "\n";
   } else {
-    std::cout << CompareTable(runs, bound, file + " on " + cluster);
+    std::cout << CompareTable(runs, bound, label + " on " + cluster);
   }
   return 0;
 }
@@ -391,7 +410,10 @@ int main(int argc, char** argv) {
   std::string compare_file;
   std::vector<std::string> compare_schedulers;
   auto* compare = app.add_subcommand("compare", "every scheduler side by side on one program");
-  compare->add_option("FILE", compare_file, "program in the IR's JSON form")->required();
+  std::string compare_model, compare_plan = "dp=1";
+  compare->add_option("FILE", compare_file, "program in the IR's JSON form (or use --model and --plan)");
+  compare->add_option("--model", compare_model, "lower this model preset or spec file instead of reading FILE");
+  compare->add_option("--plan", compare_plan, "parallel plan for --model, e.g. dp=4,tp=8")->capture_default_str();
   compare->add_option("--schedulers", compare_schedulers, "schedulers to run (default: all)")
       ->delimiter(',')
       ->check(CLI::IsMember(SchedulerNames()));
@@ -416,6 +438,7 @@ int main(int argc, char** argv) {
   demo->add_flag("--json", demo_json, "print one JSON object");
 
   auto* clusters = app.add_subcommand("clusters", "list the built-in cluster presets");
+  auto* models = app.add_subcommand("models", "list the built-in model presets");
   auto* schedulers = app.add_subcommand("schedulers", "list the schedulers");
 
   try {
@@ -431,7 +454,13 @@ int main(int argc, char** argv) {
   }
   if (*validate) return CmdValidate(validate_file, validate_json);
   if (*simulate) return CmdSimulate(sf, flags);
-  if (*compare) return CmdCompare(compare_file, flags, compare_schedulers);
+  if (*compare) {
+    if (compare_file.empty() == compare_model.empty()) {
+      std::fprintf(stderr, "concerto compare: give either a program FILE or --model (with --plan)\n");
+      return kExitUsage;
+    }
+    return CmdCompare(compare_file, compare_model, compare_plan, flags, compare_schedulers);
+  }
   if (*schedule) return CmdSchedule(schedf, flags);
   if (*lower) return CmdLower(lower_model, lower_plan, lower_out, lower_json);
   if (*demo) return CmdDemo(demo_trace, demo_json);
@@ -439,6 +468,17 @@ int main(int argc, char** argv) {
     for (const auto& name : ClusterPresetNames()) {
       Result<ClusterSpec> c = LoadCluster(name);
       std::cout << fmt::format("{:<16} {}\n", name, c.ok() ? c->description : c.status().message());
+    }
+    return 0;
+  }
+  if (*models) {
+    for (const auto& name : ModelPresetNames()) {
+      Result<ModelConfig> m = ModelPreset(name);
+      if (!m.ok()) continue;
+      std::cout << fmt::format("{:<14} {:<6} {:>3} layers, hidden {:>5}, {:>3} heads ({} kv), seq {}, vocab {}, "
+                               "batch {}, {:.2f}B parameters\n",
+                               name, ToString(m->family), m->layers, m->hidden, m->heads, m->kv_heads, m->seq,
+                               m->vocab, m->batch, ModelParameterCount(*m) / 1e9);
     }
     return 0;
   }
