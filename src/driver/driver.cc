@@ -23,6 +23,7 @@ ConcertoOptions ToConcertoOptions(const Options& options) {
   c.time_budget_s = options.Get("time-budget");
   c.baselines = ToBaselineOptions(options);
   c.sim.interference = options.Get("interference");
+  c.memory_budget_bytes = static_cast<int64_t>(options.Get("memory-budget"));
   return c;
 }
 
@@ -43,6 +44,8 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
                       {"search_seconds", r.seconds},
                       {"reached_lower_bound", r.reached_lower_bound},
                       {"hit_time_budget", r.hit_time_budget},
+                      {"memory_budget_bytes", r.memory_budget_bytes},
+                      {"peak_memory_bytes", r.peak_memory_bytes},
                       {"makespan_after_round_us", r.makespan_after_round_us}};
   return j;
 }
@@ -77,7 +80,7 @@ Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Opt
   }
   Result<Timeline> timeline = Simulate(sp, cost, ToSimOptions(options));
   if (!timeline.ok()) return timeline.status();
-  RunResult run{std::move(sp), std::move(timeline).value(), {}};
+  RunResult run{std::move(sp), std::move(timeline).value(), {}, std::nullopt};
   run.summary = Summarize(run.scheduled, run.timeline, cost);
   return run;
 }
@@ -123,17 +126,17 @@ Result<std::vector<RunResult>> Compare(const Program& program, const std::vector
 
 std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& lb, const std::string& title) {
   std::string out = title + "\n";
-  out += fmt::format("{:<12} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10}\n", "scheduler", "iteration_ms",
-                     "vs_best", "exposed_comm_ms", "overlap", "T/LB", "fused_ops");
+  out += fmt::format("{:<12} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>12}\n", "scheduler", "iteration_ms",
+                     "vs_best", "exposed_comm_ms", "overlap", "T/LB", "fused_ops", "peak_mem_GiB");
   double best = 0;
   for (const auto& r : runs)
     if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us;
   for (const auto& r : runs) {
     const Summary& s = r.summary;
-    out += fmt::format("{:<12} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10}\n", s.scheduler,
+    out += fmt::format("{:<12} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10} {:>12.2f}\n", s.scheduler,
                        s.makespan_us / 1e3, s.makespan_us / best, s.exposed_comm_us / 1e3, 100 * s.overlap_ratio,
                        s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0,
-                       r.scheduled.schedule.fusion_groups.size());
+                       r.scheduled.schedule.fusion_groups.size(), s.peak_memory_bytes / double(1 << 30));
   }
   out += fmt::format(
       "lower bound of the program {:.3f} ms = max(critical path {:.3f} ms, busiest stream '{}' {:.3f} ms);\n"

@@ -20,6 +20,8 @@ const std::vector<OptionSpec>& OptionTable() {
       {"rounds", "rounds", 4, 0, 1000, "concerto: odd-even rounds (each an odd and an even pass)"},
       {"window-time-limit", "s", 1, 0.01, 3600, "concerto: solver time limit per window"},
       {"time-budget", "s", 60, 0.1, 86400, "concerto: time limit of the whole search"},
+      {"memory-budget", "bytes", 0, 0, 1e15,
+       "concerto: peak memory per rank the schedule must stay under (0: no budget)"},
   };
   return table;
 }

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "concerto/ir/graph_index.h"
+#include "concerto/sim/memory.h"
 
 namespace concerto {
 
@@ -87,6 +88,9 @@ Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const Co
     }
   }
   s.overlap_ratio = s.comm_busy_us > 0 ? 1.0 - s.exposed_comm_us / s.comm_busy_us : 1.0;
+  MemoryPeak peak = PeakMemory(p, timeline);
+  s.peak_memory_bytes = peak.peak_bytes;
+  s.peak_memory_rank = peak.rank;
   auto cu = Union(compute[s.report_rank]);
   for (int k : comm_records[s.report_rank]) {
     const OpRecord& r = timeline.records[k];
@@ -117,6 +121,8 @@ json SummaryJson(const Summary& s) {
   j["compute_busy_us"] = s.compute_busy_us;
   j["comm_busy_us"] = s.comm_busy_us;
   j["overlap_ratio"] = s.overlap_ratio;
+  j["peak_memory_bytes"] = s.peak_memory_bytes;
+  j["peak_memory_rank"] = s.peak_memory_rank;
   j["report_rank"] = s.report_rank;
   j["num_ops"] = s.num_ops;
   j["ranks_simulated"] = s.ranks_simulated;

@@ -16,6 +16,7 @@
 #include "concerto/ir/graph_index.h"
 #include "concerto/schedule/fusion_pass.h"
 #include "concerto/sim/lower_bound.h"
+#include "concerto/sim/memory.h"
 
 namespace concerto {
 namespace {
@@ -24,19 +25,26 @@ using Clock = std::chrono::steady_clock;
 
 double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-/// A scheduled program with its simulated makespan.
+/// A scheduled program with its simulated makespan and peak memory.
 struct Candidate {
   ScheduledProgram sp;
   double makespan_us = 0;
   std::string name;
+  int64_t peak_bytes = 0;
 };
 
-Result<double> SimulatedMakespan(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& sim) {
+/// What one simulation of a candidate says.
+struct Measured {
+  double makespan_us = 0;
+  int64_t peak_bytes = 0;
+};
+
+Result<Measured> Measure(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& sim) {
   std::vector<std::string> v = VerifySchedule(sp.program, sp.schedule);
   if (!v.empty()) return Status::Error("schedule fails verification: " + v[0]);
   Result<Timeline> t = Simulate(sp, cost, sim);
   if (!t.ok()) return t.status();
-  return t->makespan_us;
+  return Measured{t->makespan_us, PeakMemory(sp.program, *t).peak_bytes};
 }
 
 /// Drops the control edges a baseline added (synchronous collectives,
@@ -227,6 +235,8 @@ class Search {
     if (fallback_.makespan_us < best_.makespan_us) best_ = std::move(fallback_);
     best_.sp.schedule.scheduler = "concerto";
     report_->final_makespan_us = best_.makespan_us;
+    report_->memory_budget_bytes = opts_.memory_budget_bytes;
+    report_->peak_memory_bytes = best_.peak_bytes;
     report_->gap = best_.makespan_us > 0 ? (best_.makespan_us - report_->lower_bound_us) / best_.makespan_us : 0;
     report_->reached_lower_bound = best_.makespan_us <= report_->lower_bound_us * (1 + 1e-9);
     report_->seconds = Since(t0_);
@@ -240,21 +250,41 @@ class Search {
 
   /// Every baseline, simulated as it is (the fallback: never return worse)
   /// and with its ordering edges stripped (the starting point).
+  /// Under the memory budget (always, when there is none).
+  bool Fits(int64_t peak_bytes) const {
+    return opts_.memory_budget_bytes <= 0 || peak_bytes <= opts_.memory_budget_bytes;
+  }
+
+  /// Every baseline, simulated as it is (the fallback: never return worse)
+  /// and with its ordering edges stripped (the starting point). Only
+  /// schedules under the memory budget qualify.
   Status PickIncumbent() {
+    int64_t lowest_peak = -1;
+    std::string lowest_name;
+    auto consider = [&](const ScheduledProgram& sp, const Measured& m, const std::string& name, Candidate& slot) {
+      if (lowest_peak < 0 || m.peak_bytes < lowest_peak) lowest_peak = m.peak_bytes, lowest_name = name;
+      if (!Fits(m.peak_bytes)) return;
+      if (slot.name.empty() || m.makespan_us < slot.makespan_us) slot = {sp, m.makespan_us, name, m.peak_bytes};
+    };
     for (const std::string& name : BaselineNames()) {
       Result<ScheduledProgram> sp = RunBaseline(name, program_, cost_, opts_.baselines);
       if (!sp.ok()) return Status::Error("baseline '" + name + "': " + sp.status().message());
-      Result<double> as_is = SimulatedMakespan(*sp, cost_, opts_.sim);
+      Result<Measured> as_is = Measure(*sp, cost_, opts_.sim);
       if (!as_is.ok()) return Status::Error("baseline '" + name + "': " + as_is.status().message());
-      if (fallback_.name.empty() || *as_is < fallback_.makespan_us) fallback_ = {*sp, *as_is, name};
+      consider(*sp, *as_is, name, fallback_);
       StripSchedulerEdges(program_, sp->program);
-      Result<double> stripped = SimulatedMakespan(*sp, cost_, opts_.sim);
-      if (stripped.ok() && (best_.name.empty() || *stripped < best_.makespan_us))
-        best_ = {std::move(sp).value(), *stripped, name};
+      Result<Measured> stripped = Measure(*sp, cost_, opts_.sim);
+      if (stripped.ok()) consider(*sp, *stripped, name, best_);
     }
+    if (fallback_.name.empty() && best_.name.empty())
+      return Status::Error(fmt::format(
+          "memory budget of {} bytes per rank is infeasible: the lowest peak any starting schedule reaches is {} "
+          "bytes ({:.2f} GiB, baseline '{}')",
+          opts_.memory_budget_bytes, lowest_peak, lowest_peak / double(1 << 30), lowest_name));
+    if (fallback_.name.empty()) fallback_ = best_;
+    if (best_.name.empty()) best_ = fallback_;
     report_->incumbent = fallback_.name;
     report_->incumbent_makespan_us = fallback_.makespan_us;
-    if (best_.name.empty()) best_ = fallback_;
     Say(fmt::format("incumbent: best baseline '{}' {:.3f} ms; search starts from '{}' without its ordering edges "
                     "({:.3f} ms)",
                     fallback_.name, fallback_.makespan_us / 1e3, best_.name, best_.makespan_us / 1e3));
@@ -337,12 +367,14 @@ class Search {
     }
     ScheduledProgram cand{search_program_, Decode(search_program_, roles_, "concerto")};
     cand.schedule.fusion_groups = start_fusion_groups_;
-    Result<double> m = SimulatedMakespan(cand, cost_, opts_.sim);
+    Result<Measured> m = Measure(cand, cost_, opts_.sim);
     if (!m.ok()) return Status::Error("decoded schedule: " + m.status().message());
-    if (*m < best_.makespan_us) best_ = {std::move(cand), *m, "concerto"};
-    Say(fmt::format("round {} {} pass: {} windows so far, pass makespan {:.3f} ms, best {:.3f} ms (LB {:.3f} ms)",
-                    round + 1, pass == 0 ? "odd" : "even", report_->windows.size(), *m / 1e3,
-                    best_.makespan_us / 1e3, report_->lower_bound_us / 1e3));
+    if (m->makespan_us < best_.makespan_us && Fits(m->peak_bytes))
+      best_ = {std::move(cand), m->makespan_us, "concerto", m->peak_bytes};
+    Say(fmt::format("round {} {} pass: {} windows so far, pass makespan {:.3f} ms{}, best {:.3f} ms (LB {:.3f} ms)",
+                    round + 1, pass == 0 ? "odd" : "even", report_->windows.size(), m->makespan_us / 1e3,
+                    Fits(m->peak_bytes) ? "" : " (over the memory budget)", best_.makespan_us / 1e3,
+                    report_->lower_bound_us / 1e3));
     return Status::Ok();
   }
 
@@ -389,14 +421,15 @@ class Search {
     Result<int> fused = FuseWhereItPays(cand.sp, *tl, cost_);
     if (!fused.ok()) return fused.status();
     if (*fused == 0) return Status::Ok();
-    Result<double> m = SimulatedMakespan(cand.sp, cost_, opts_.sim);
+    Result<Measured> m = Measure(cand.sp, cost_, opts_.sim);
     if (!m.ok()) return Status::Error("fusion pass: " + m.status().message());
+    const bool keep = m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
     Say(fmt::format("fusion: {} collectives merged, {:.3f} ms -> {:.3f} ms{}", *fused, best_.makespan_us / 1e3,
-                    *m / 1e3, *m < best_.makespan_us ? "" : " (not kept)"));
-    if (*m < best_.makespan_us) {
+                    m->makespan_us / 1e3, keep ? "" : " (not kept)"));
+    if (keep) {
       report_->fused_collectives = *fused;
-      report_->fusion_gain_us = best_.makespan_us - *m;
-      best_ = {std::move(cand.sp), *m, "concerto"};
+      report_->fusion_gain_us = best_.makespan_us - m->makespan_us;
+      best_ = {std::move(cand.sp), m->makespan_us, "concerto", m->peak_bytes};
     }
     return Status::Ok();
   }
@@ -425,6 +458,7 @@ Result<ScheduledProgram> RunConcerto(const Program& program, const CostModel& co
                                      ConcertoReport* report, const ProgressFn& progress) {
   if (options.block_ops < 1) return Status::Error("option --block: must be at least 1 op");
   if (options.rounds < 0) return Status::Error("option --rounds: must not be negative");
+  if (options.memory_budget_bytes < 0) return Status::Error("option --memory-budget: must not be negative");
   ConcertoReport local;
   Search search(program, cost, options, report ? report : &local, progress);
   return search.Run();

@@ -3,6 +3,7 @@
 // Continuous start times, a makespan variable, one ordering binary per pair of
 // tasks on the same resource that nothing orders already.
 #include <cassert>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -10,7 +11,6 @@
 #include <mutex>
 #include <string>
 #include <vector>
-#include <cstdlib>
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -187,8 +187,19 @@ WindowSearchOutcome ReadOutcome(const CbcModel& model, size_t num_tasks) {
   return outcome;
 }
 
-/// Builds and solves the ILP under the CBC lock.
-WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation& prep, const SolverOptions& options) {
+using Clock = std::chrono::steady_clock;
+
+/// Seconds since `t0`.
+double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// Builds and solves the ILP under the CBC lock. The root LP goes through
+/// initialSolve (presolve; several times faster than the dual simplex that
+/// branchAndBound starts with on these degenerate big-M LPs) and cannot be
+/// interrupted; branch and bound gets what is left of the limit since `t0`.
+/// (Clp's own LP time limit is not used: CBC reads an LP stopped on time as
+/// infeasible, which would turn the hint into a false optimum.)
+WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation& prep, const SolverOptions& options,
+                           Clock::time_point t0) {
   std::lock_guard<std::mutex> lock(CbcMutex());
   Ilp ilp = BuildIlp(problem, prep);
   OsiClpSolverInterface solver;
@@ -197,16 +208,16 @@ WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation
   model.setLogLevel(0);
   model.messageHandler()->setLogLevel(0);
   model.setUseElapsedTime(true);
-  model.setMaximumSeconds(options.time_limit_s);
   model.setRandomSeed(static_cast<int>(options.seed % 1000000007));
   model.setNumberThreads(0);
   CbcStrategyDefault strategy(1, 5, 5, 0);
-  if (!getenv("NOSTRAT")) model.setStrategy(strategy);
-  if (getenv("NOSTRONG")) model.setNumberStrong(0);
+  model.setStrategy(strategy);
   if (!prep.hint.empty()) {
     std::vector<double> cols = HintColumns(prep, ilp);
     model.setBestSolution(cols.data(), static_cast<int>(cols.size()), static_cast<double>(prep.hint_objective), true);
   }
+  model.initialSolve();
+  model.setMaximumSeconds(std::max(1e-3, options.time_limit_s - SecondsSince(t0)));
   model.branchAndBound();
   return ReadOutcome(model, problem.tasks.size());
 }
@@ -218,7 +229,7 @@ class CbcWindowSolver : public WindowSolver {
 
   /// Solves the window; CBC errors become error results.
   Result<WindowSolution> Solve(const WindowProblem& problem, const SolverOptions& options) override {
-    const auto t0 = std::chrono::steady_clock::now();
+    const Clock::time_point t0 = Clock::now();
     if (!(options.time_limit_s > 0)) return Status::Error("cbc: time_limit_s must be positive");
     Result<WindowPreparation> prep = PrepareWindow(problem);
     if (!prep.ok()) return prep.status();
@@ -226,20 +237,19 @@ class CbcWindowSolver : public WindowSolver {
     outcome.exhausted = prep->infeasible;
     const bool proven_by_hint = !prep->hint.empty() && prep->hint_objective <= prep->lower_bound;
     if (!prep->infeasible && !proven_by_hint && !problem.tasks.empty()) {
-      Result<WindowSearchOutcome> searched = GuardedSearch(problem, *prep, options);
+      Result<WindowSearchOutcome> searched = GuardedSearch(problem, *prep, options, t0);
       if (!searched.ok()) return searched.status();
       outcome = std::move(searched).value();
     }
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    return FinishWindowSolution(problem, *prep, outcome, seconds);
+    return FinishWindowSolution(problem, *prep, outcome, SecondsSince(t0));
   }
 
  private:
   /// Search, converting COIN exceptions to errors.
   static Result<WindowSearchOutcome> GuardedSearch(const WindowProblem& problem, const WindowPreparation& prep,
-                                                   const SolverOptions& options) {
+                                                   const SolverOptions& options, Clock::time_point t0) {
     try {
-      return Search(problem, prep, options);
+      return Search(problem, prep, options, t0);
     } catch (const CoinError& e) {
       return Status::Error("cbc: " + e.message() + " in " + e.methodName());
     } catch (const std::exception& e) {

@@ -218,3 +218,34 @@ TEST(ConcertoScheduler, BadOptionsAreErrors) {
 
 }  // namespace
 }  // namespace concerto
+
+namespace concerto {
+namespace {
+
+TEST(ConcertoScheduler, MemoryBudgetIsKeptOrRejected) {
+  AnalyticCostModel cost = Cost();
+  Program p = LowerGpt(GptPreset("gpt-tiny").value(), {2, 2}).value();
+  ConcertoOptions o = Quick();
+  o.block_ops = 40;
+  o.window_time_limit_s = 0.2;
+  o.rounds = 1;
+  ConcertoReport free_report;
+  ASSERT_TRUE(RunConcerto(p, cost, o, &free_report).ok());
+  ASSERT_GT(free_report.peak_memory_bytes, 0);
+  // A budget at the unconstrained peak is feasible and respected.
+  o.memory_budget_bytes = free_report.peak_memory_bytes;
+  ConcertoReport report;
+  Result<ScheduledProgram> sp = RunConcerto(p, cost, o, &report);
+  ASSERT_TRUE(sp.ok()) << sp.status().message();
+  EXPECT_LE(report.peak_memory_bytes, o.memory_budget_bytes);
+  // One byte is not: the message gives the lowest peak found.
+  o.memory_budget_bytes = 1;
+  Result<ScheduledProgram> bad = RunConcerto(p, cost, o, nullptr);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("memory budget of 1 bytes per rank is infeasible: the lowest peak"),
+            std::string::npos)
+      << bad.status().message();
+}
+
+}  // namespace
+}  // namespace concerto

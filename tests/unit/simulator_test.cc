@@ -7,6 +7,7 @@
 #include "concerto/cost/cost_model.h"
 #include "concerto/lower/synthetic.h"
 #include "concerto/report/report.h"
+#include "concerto/sim/memory.h"
 #include "concerto/schedule/scheduler.h"
 #include "concerto/sim/simulator.h"
 
@@ -138,6 +139,12 @@ TEST(Simulator, ExposedCommArithmetic) {
   EXPECT_DOUBLE_EQ(s.bound.lower_bound_us, 35);  // critical path a -> ar -> c
   ASSERT_EQ(s.top_exposed.size(), 1u);
   EXPECT_EQ(s.top_exposed[0].name, "ar");
+  // Memory, each tensor [4] f32 = 16 bytes, held from its producer's start to
+  // its last consumer's end (inputs from 0, unconsumed outputs to the end):
+  //   x [0, 10)   g [0, 30)   s [10, 35)   o [30, 35)
+  // t=0: x+g = 32; t=10: x freed, s allocated = 32; t=30: g freed, o = 32.
+  // Frees come first at equal times, so the peak is 32 bytes, first at t=0.
+  EXPECT_EQ(s.peak_memory_bytes, 32);
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ struct ConcertoOptions {
   double window_time_limit_s = 1.0;  // per window solve
   double time_budget_s = 60;         // all rounds together
   bool fuse = true;                  // the fusion pass after decoding
+  int64_t memory_budget_bytes = 0;   // peak memory per rank to stay under; 0: none
   SimOptions sim;                    // how candidates are simulated
   BaselineOptions baselines;         // for the incumbent
 };
@@ -57,6 +58,8 @@ struct ConcertoReport {
   double seconds = 0;
   bool reached_lower_bound = false;
   bool hit_time_budget = false;
+  int64_t memory_budget_bytes = 0;
+  int64_t peak_memory_bytes = 0;  // of the returned schedule
   std::vector<double> makespan_after_round_us;
   std::vector<WindowReport> windows;
 };
