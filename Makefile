@@ -22,6 +22,7 @@ test: build
 
 bench: build
 	./$(BUILD)/concerto_bench
+	./$(BUILD)/concerto_quality
 
 clean:
 	rm -rf $(BUILD)

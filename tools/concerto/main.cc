@@ -13,6 +13,7 @@
 #include "concerto/driver/driver.h"
 #include "concerto/driver/options.h"
 #include "concerto/ir/json_io.h"
+#include "concerto/lower/frontend.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/plan.h"
 #include "concerto/lower/transformer.h"
@@ -270,13 +271,11 @@ Result<Program> ProgramFromArgs(const std::string& file, const std::string& mode
     return ReadProgramFile(file);
   }
   if (model.empty()) return Status::Error("give a program FILE or --model (and --plan)");
-  Result<ModelConfig> config = LoadModel(model);
-  if (!config.ok()) return config.status();
   Result<ParallelPlan> plan = ParsePlan(plan_text);
   if (!plan.ok()) return plan.status();
   *label = model + " (" + PlanToString(*plan) + ")";
   Progress("lowering " + *label);
-  return LowerTransformer(*config, *plan);
+  return LowerModelPlan(model, plan_text);
 }
 
 int CmdCompare(const std::string& file, const std::string& model, const std::string& plan_text,
@@ -301,12 +300,10 @@ int CmdCompare(const std::string& file, const std::string& model, const std::str
 
 // ---- lower ----
 int CmdLower(const std::string& model, const std::string& plan_text, const std::string& out, bool json) {
-  Result<ModelConfig> config = LoadModel(model);
-  if (!config.ok()) return Fail(config.status());
   Result<ParallelPlan> plan = ParsePlan(plan_text);
   if (!plan.ok()) return Fail(plan.status());
   auto t0 = std::chrono::steady_clock::now();
-  Result<Program> program = LowerTransformer(*config, *plan);
+  Result<Program> program = LowerModelPlan(model, plan_text);
   if (!program.ok()) return Fail(program.status());
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (Status s = WriteFile(out, WriteProgram(*program)); !s.ok()) return Fail(s);
@@ -423,7 +420,7 @@ int main(int argc, char** argv) {
   bool lower_json = false;
   auto* lower = app.add_subcommand("lower", "lower a model preset under a parallel plan to an IR file");
   lower->add_option("--model", lower_model,
-                    "model preset (" + fmt::format("{}", fmt::join(ModelPresetNames(), ", ")) + ") or a .yaml/.json model spec")
+                    "model preset (" + fmt::format("{}", fmt::join(AllModelPresetNames(), ", ")) + ") or a .yaml/.json model spec")
       ->capture_default_str();
   lower->add_option("--plan", lower_plan, "parallel plan: dp=N,tp=N,sp,zero=0..3 (e.g. dp=4,tp=8,sp or zero=3,dp=32)")
       ->capture_default_str();

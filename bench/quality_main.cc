@@ -1,0 +1,104 @@
+// The scheduler quality table (make bench): every baseline and concerto on
+// the frontends' workloads, on a800-4x8 and commodity-4x8. Prints a
+// markdown table (docs/results.md) and, with --json, one JSON object.
+//
+//   concerto_quality [--time-budget S] [--json] [--only NAME]
+#include <cstdio>
+#include <cstring>
+#include <fmt/format.h>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "concerto/cost/cluster.h"
+#include "concerto/driver/driver.h"
+#include "concerto/lower/frontend.h"
+
+namespace {
+
+using namespace concerto;
+
+struct Workload {
+  std::string model;
+  std::string plan;
+};
+
+const std::vector<Workload>& Workloads() {
+  static const std::vector<Workload> w = {
+      {"gpt-1.3b", "dp=4,tp=8"},
+      {"gpt-6.7b", "pp=4,tp=4,dp=2,microbatches=8"},
+      {"gpt-13b", "zero=3,dp=32"},
+      {"gpt-2.7b", "zero=2,dp=32"},
+      {"llama-7b", "dp=4,tp=8,sp"},
+      {"evoformer", "dp=4,dap=8"},
+      {"mixtral-tiny", "ep=8,dp=4"},
+  };
+  return w;
+}
+
+int Main(int argc, char** argv) {
+  Options options;
+  bool json = false;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--json")) {
+      json = true;
+    } else if (!std::strcmp(argv[i], "--time-budget") && i + 1 < argc) {
+      Status s = options.Set("time-budget", std::atof(argv[++i]));
+      if (!s.ok()) return std::fprintf(stderr, "%s\n", s.message().c_str()), 2;
+    } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
+      only = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--json] [--only MODEL]\n");
+      return 2;
+    }
+  }
+  nlohmann::json all = nlohmann::json::array();
+  std::cout << "| workload | cluster | best baseline | baseline ms | concerto ms | improvement | T/LB | overlap eff. "
+               "| peak GiB | search s |\n|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& w : Workloads()) {
+    if (!only.empty() && w.model != only) continue;
+    Result<Program> program = LowerModelPlan(w.model, w.plan);
+    if (!program.ok()) {
+      std::cout << fmt::format("| {} {} | - | not available: {} |\n", w.model, w.plan, program.status().message());
+      continue;
+    }
+    for (const std::string cluster : {"a800-4x8", "commodity-4x8"}) {
+      std::fprintf(stderr, "quality: %s %s on %s\n", w.model.c_str(), w.plan.c_str(), cluster.c_str());
+      AnalyticCostModel cost(LoadCluster(cluster).value());
+      Result<std::vector<RunResult>> runs = Compare(*program, SchedulerNames(), cost, options);
+      if (!runs.ok()) {
+        std::cout << fmt::format("| {} {} | {} | error: {} |\n", w.model, w.plan, cluster, runs.status().message());
+        continue;
+      }
+      LowerBound lb = ComputeLowerBound(*program, cost);
+      const RunResult* best = nullptr;
+      const RunResult* concerto = nullptr;
+      double t_seq = 0;
+      for (const auto& r : *runs) {
+        if (r.summary.scheduler == "concerto") concerto = &r;
+        else if (!best || r.summary.makespan_us < best->summary.makespan_us) best = &r;
+        if (r.summary.scheduler == "sequential") t_seq = r.summary.makespan_us;
+      }
+      const double t = concerto->summary.makespan_us;
+      const double bound = concerto->summary.bound.lower_bound_us;
+      const double eff = t_seq > lb.lower_bound_us ? (t_seq - t) / (t_seq - lb.lower_bound_us) : 1.0;
+      std::cout << fmt::format("| {} {} | {} | {} | {:.1f} | {:.1f} | {:.3f}x | {:.3f} | {:.1f}% | {:.2f} | {:.1f} |\n",
+                               w.model, w.plan, cluster, best->summary.scheduler, best->summary.makespan_us / 1e3,
+                               t / 1e3, best->summary.makespan_us / t, t / bound, 100 * eff,
+                               concerto->summary.peak_memory_bytes / double(1 << 30),
+                               concerto->concerto ? concerto->concerto->seconds : 0.0);
+      nlohmann::json j = CompareJson(*runs, lb, cluster);
+      j["model"] = w.model;
+      j["plan"] = w.plan;
+      all.push_back(j);
+    }
+  }
+  if (json) std::cout << all.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return Main(argc, argv); }
