@@ -1,11 +1,14 @@
 // Decoder transformers (GPT, LLaMA) lowered for dp (plain or ZeRO 1/2/3),
-// Megatron tp and sequence parallelism. The op list, the collective placement
-// and the flop conventions are in docs/workloads.md and docs/frontends.md.
+// Megatron tp and sequence parallelism, gradient accumulation over
+// micro-batches and 1F1B pipeline stages. The op list, the collective and
+// send/recv placement and the flop conventions are in docs/workloads.md and
+// docs/frontends.md.
 #include "concerto/lower/transformer.h"
 #include "concerto/lower/graph_builder.h"
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cassert>
 #include <charconv>
 #include <filesystem>
@@ -57,6 +60,137 @@ const char* const kActivation = "activation";
 const char* const kGradSync = "grad_sync";
 const char* const kParamGather = "param_gather";
 
+const char* const kPipeline = "pipeline";
+
+// Pipeline message tags: pairing is by (source, destination, tag) in program
+// order, so each direction (and the tied-embedding exchange) gets its own.
+constexpr int kTagActivation = 0;
+constexpr int kTagActivationGrad = 1;
+constexpr int kTagTiedGrad = 2;
+
+/// A pipeline send or recv: `tensor` goes to (send) or comes from (recv) the
+/// rank `offset` steps away along the pp axis.
+struct P2P {
+  OpKind kind = OpKind::kSend;
+  std::string name;
+  std::string tensor;
+  int offset = 0;
+  int tag = 0;
+  int microbatch = -1;
+  Phase phase = Phase::kNone;
+  std::string purpose;
+};
+
+/// The GraphBuilder of one graph, scoped by micro-batch. Inside micro-batch k
+/// (of m > 1) the tensors and ops it adds get the name suffix ".mbK" and ops
+/// the tag microbatch = k; in the step scope (k = -1: parameters, per-step
+/// gradient syncs, the optimizer) names have no suffix and ops are tagged -1.
+/// With one micro-batch nothing is suffixed and every op is tagged 0. It also
+/// appends the pipeline sends and recvs that GraphBuilder has no helper for.
+class MbBuilder {
+ public:
+  MbBuilder(Graph* graph, int microbatches)
+      : graph_(graph), b_(graph), microbatches_(microbatches) {}
+
+  /// Phase and layer tags of the ops appended from now on.
+  void SetPhase(Phase phase) {
+    phase_ = phase;
+    b_.SetPhase(phase);
+  }
+  void SetLayer(int layer) { b_.SetLayer(layer); }
+  /// Enters micro-batch `k`, or the step scope when `k` is -1.
+  void SetMicrobatch(int k) { mb_ = k; }
+  int Microbatch() const { return mb_; }
+  Phase CurrentPhase() const { return phase_; }
+
+  /// ".mbK" for micro-batch k >= 0 of several; "" otherwise.
+  std::string Suffix(int k) const {
+    return microbatches_ > 1 && k >= 0 ? ".mb" + std::to_string(k) : "";
+  }
+
+  /// Declares a tensor named `name` plus the scope's suffix; returns the full name.
+  std::string AddTensor(const std::string& name, Shape shape, DType dtype, Sharding sharding,
+                        Axes partial = {}) {
+    return b_.AddTensor(name + Suffix(mb_), std::move(shape), dtype, std::move(sharding),
+                        std::move(partial));
+  }
+  /// Declares a per-step tensor (no suffix in any scope): parameters and their shards.
+  std::string AddGlobal(const std::string& name, Shape shape, DType dtype, Sharding sharding) {
+    return b_.AddTensor(name, std::move(shape), dtype, std::move(sharding));
+  }
+  /// Declares `name` (+ suffix) shaped and sharded like `like`.
+  std::string AddLike(const std::string& name, const std::string& like, DType dtype,
+                      Axes partial = {}) {
+    return b_.AddLike(name + Suffix(mb_), like, dtype, std::move(partial));
+  }
+  /// The tensor called `name` (its full name).
+  const Tensor& Get(const std::string& name) const { return b_.Get(name); }
+
+  /// GraphBuilder::AddCompute with the scope's suffix and micro-batch tag.
+  int AddCompute(const std::string& name, ComputeType type, std::vector<std::string> inputs,
+                 std::vector<std::string> outputs, double flops, Attrs attrs = {}) {
+    return Tag(b_.AddCompute(name + Suffix(mb_), type, std::move(inputs), std::move(outputs),
+                             flops, std::move(attrs)));
+  }
+  /// GraphBuilder::AddCollective with the scope's suffix and micro-batch tag.
+  int AddCollective(const std::string& name, CollectiveType type, const std::string& input,
+                    const std::string& output, Axes axes, ReduceOp reduce,
+                    const std::string& purpose) {
+    return Tag(b_.AddCollective(name + Suffix(mb_), type, input, output, std::move(axes), reduce,
+                                purpose));
+  }
+  void SetBytes(int id, double bytes) { b_.SetBytes(id, bytes); }
+
+  /// Appends a send or recv on stream "comm" (named `p.name` plus the
+  /// suffix of `p.microbatch`; layer tag -1); its message is the tensor's
+  /// bytes. Ids stay 0..n-1 in program order, as GraphBuilder numbers them.
+  int AddP2P(const P2P& p) {
+    Op op;
+    op.id = static_cast<int>(graph_->ops.size());
+    op.name = p.name + Suffix(p.microbatch);
+    op.kind = p.kind;
+    op.stream = "comm";
+    (p.kind == OpKind::kSend ? op.inputs : op.outputs) = {p.tensor};
+    op.peer.axis = "pp";
+    op.peer.offset = p.offset;
+    op.tag = p.tag;
+    op.message_bytes = Get(p.tensor).Bytes();
+    op.tags.phase = p.phase;
+    op.tags.microbatch = TagValue(p.microbatch);
+    op.tags.purpose = p.purpose;
+    graph_->ops.push_back(std::move(op));
+    return graph_->ops.back().id;
+  }
+
+ private:
+  /// The micro-batch tag of scope `k`.
+  int TagValue(int k) const { return microbatches_ > 1 ? k : 0; }
+  /// Tags op `id` with the current scope's micro-batch; returns `id`.
+  int Tag(int id) {
+    graph_->ops[id].tags.microbatch = TagValue(mb_);
+    return id;
+  }
+
+  Graph* graph_;
+  GraphBuilder b_;
+  int microbatches_;
+  int mb_ = -1;
+  Phase phase_ = Phase::kNone;
+};
+
+/// Enters the step scope of `b` for its lifetime, then restores the micro-batch.
+class StepScope {
+ public:
+  explicit StepScope(MbBuilder* b) : b_(b), saved_(b->Microbatch()) { b_->SetMicrobatch(-1); }
+  ~StepScope() { b_->SetMicrobatch(saved_); }
+  StepScope(const StepScope&) = delete;
+  StepScope& operator=(const StepScope&) = delete;
+
+ private:
+  MbBuilder* b_;
+  int saved_;
+};
+
 /// A trainable parameter and the tensors the step keeps for it.
 struct Param {
   std::string name;  // the full local (tp-sharded) tensor that compute ops read
@@ -64,57 +198,72 @@ struct Param {
   Shape shape;        // local shape of `name`
   Sharding sharding;  // sharding of `name`
   std::string stored;       // what Adam updates: `name`, or `name`.shard under ZeRO
+  std::string acc;          // the gradient summed over the micro-batches so far
   std::string grad;         // the synced gradient Adam reads
-  bool gathered = false;    // ZeRO-3: forward all-gather emitted
-  std::string bwd;          // ZeRO-3: the backward all-gather's output, once emitted
+  bool deferred = false;    // the final sync is left to FinishDeferred
+  int gathered_mb = -2;     // ZeRO-3: scope whose forward all-gather was emitted
+  int bwd_mb = -2;          // ZeRO-3: scope of the backward all-gather `bwd`
+  std::string fwd;          // ZeRO-3: the forward all-gather's output
+  std::string bwd;          // ZeRO-3: the backward all-gather's output
 };
 
 /// Parameters under data parallelism: declaration, the tensor each use reads
-/// (ZeRO-3 all-gathers), gradient synchronization (all-reduce, or
-/// reduce-scatter under ZeRO) and the Adam step (plus ZeRO-1/2 all-gathers).
+/// (ZeRO-3 all-gathers, per micro-batch), gradient accumulation over
+/// micro-batches, gradient synchronization (all-reduce, or reduce-scatter
+/// under ZeRO) and the Adam step (plus ZeRO-1/2 all-gathers).
 class ParamStore {
  public:
-  ParamStore(GraphBuilder* b, const ParallelPlan& plan, DType dtype)
+  ParamStore(MbBuilder* b, const ParallelPlan& plan, DType dtype)
       : b_(b), plan_(plan), dtype_(dtype) {}
 
   /// Declares a parameter of local shape `shape` owned by `layer` (-1:
-  /// outside the blocks); returns its name. Under ZeRO the graph input holding
-  /// this rank's dp shard is `name`.shard; ZeRO-1/2 also keep `name` whole.
+  /// outside the blocks) the first time; returns its name. Under ZeRO the
+  /// graph input holding this rank's dp shard is `name`.shard; ZeRO-1/2 also
+  /// keep `name` whole.
   std::string Declare(const std::string& name, Shape shape, Sharding sharding, int layer) {
+    if (index_.count(name)) return name;
     Param p;
     p.name = name;
     p.layer = layer;
     p.shape = std::move(shape);
     p.sharding = std::move(sharding);
     p.stored = name;
-    if (plan_.zero < 3) b_->AddTensor(name, p.shape, dtype_, p.sharding);
-    if (plan_.zero > 0) p.stored = DeclareShard(p, name + ".shard", dtype_);
+    if (plan_.zero < 3) b_->AddGlobal(name, p.shape, dtype_, p.sharding);
+    if (plan_.zero > 0) p.stored = DeclareShard(p, name + ".shard", true);
     index_.emplace(name, params_.size());
     params_.push_back(std::move(p));
     return name;
   }
 
-  /// The tensor forward ops read for `name`. Under ZeRO-3 the first call
-  /// all-gathers the shard over dp (purpose "param_gather") into `name`.
+  /// Leaves the final synchronization of `name` to FinishDeferred (a tied
+  /// gradient that is summed across pipeline stages first).
+  void Defer(const std::string& name) { Find(name).deferred = true; }
+
+  /// The tensor forward ops read for `name`. Under ZeRO-3 the first call of
+  /// each micro-batch all-gathers the shard over dp ("param_gather") into
+  /// `name` (plus the micro-batch suffix).
   std::string Fwd(const std::string& name) {
     Param& p = Find(name);
-    if (plan_.zero < 3 || p.gathered) return name;
-    b_->AddTensor(name, p.shape, dtype_, p.sharding);
-    b_->AddCollective(name + ".ag.fwd", CollectiveType::kAllGather, p.stored, name, {"dp"},
+    if (plan_.zero < 3) return name;
+    if (p.gathered_mb == b_->Microbatch()) return p.fwd;
+    p.fwd = b_->AddTensor(name, p.shape, dtype_, p.sharding);
+    b_->AddCollective(name + ".ag.fwd", CollectiveType::kAllGather, p.stored, p.fwd, {"dp"},
                       ReduceOp::kSum, kParamGather);
-    p.gathered = true;
-    return name;
+    p.gathered_mb = b_->Microbatch();
+    return p.fwd;
   }
 
-  /// The tensor backward ops read for `name`. Under ZeRO-3 the first call
-  /// all-gathers the shard again (the forward copy is freed) into `name`.bwd.
+  /// The tensor backward ops read for `name`. Under ZeRO-3 the first call of
+  /// each micro-batch all-gathers the shard again (the forward copy is
+  /// freed) into `name`.bwd.
   std::string Bwd(const std::string& name) {
     Param& p = Find(name);
     if (plan_.zero < 3) return name;
-    if (!p.bwd.empty()) return p.bwd;
+    if (p.bwd_mb == b_->Microbatch()) return p.bwd;
     p.bwd = b_->AddTensor(name + ".bwd", p.shape, dtype_, p.sharding);
     b_->AddCollective(name + ".ag.bwd", CollectiveType::kAllGather, p.stored, p.bwd, {"dp"},
                       ReduceOp::kSum, kParamGather);
+    p.bwd_mb = b_->Microbatch();
     return p.bwd;
   }
 
@@ -128,35 +277,39 @@ class ParamStore {
     return b_->AddTensor(grad_name, p.shape, dtype_, p.sharding, std::move(partial));
   }
 
-  /// Records `grad` as the gradient of `param` after synchronizing it right
-  /// after its producer: an all-reduce over tp when it is partial there, then
-  /// over dp an all-reduce (no ZeRO) or a reduce-scatter into the shard (ZeRO).
-  void Sync(const std::string& param, const std::string& grad) {
+  /// Folds `raw`, this micro-batch's gradient of `param`, into the step's
+  /// gradient. ZeRO-2/3 reduce-scatter every micro-batch's gradient right
+  /// away and sum the shards (DeepSpeed's partitioned gradients); plain dp and
+  /// ZeRO-1 sum the full gradients and synchronize once, right after the
+  /// last micro-batch's contribution (unless deferred).
+  void AddGrad(const std::string& param, const std::string& raw) {
     Param& p = Find(param);
-    std::string g = grad;
-    if (IsPartialOver(g, "tp")) {
-      const std::string out = b_->AddTensor(param + ".grad.tp_ar", p.shape, dtype_, p.sharding,
-                                            DpPartial());
-      b_->AddCollective(out, CollectiveType::kAllReduce, g, out, {"tp"}, ReduceOp::kSum,
-                        kGradSync);
-      g = out;
+    if (PerMicrobatchSync()) {
+      Accumulate(p, Sync(p, raw));
+      if (LastMicrobatch()) p.grad = p.acc;
+      return;
     }
-    if (plan_.dp > 1 && plan_.zero == 0) {
-      const std::string out = b_->AddTensor(param + ".grad.ar", p.shape, dtype_, p.sharding);
-      b_->AddCollective(out, CollectiveType::kAllReduce, g, out, {"dp"}, ReduceOp::kSum,
-                        kGradSync);
-      g = out;
-    } else if (plan_.zero > 0) {
-      const std::string out = DeclareShard(p, param + ".grad.rs", dtype_);
-      b_->AddCollective(out, CollectiveType::kReduceScatter, g, out, {"dp"}, ReduceOp::kSum,
-                        kGradSync);
-      g = out;
-    }
-    p.grad = g;
+    Accumulate(p, raw);
+    if (!LastMicrobatch() || p.deferred) return;
+    StepScope step(b_);
+    p.grad = Sync(p, p.acc);
   }
 
-  /// Adam for every parameter, in declaration order.
+  /// The gradient of a deferred parameter summed over all micro-batches
+  /// (already reduce-scattered under ZeRO-2/3).
+  const std::string& Accumulated(const std::string& param) { return Find(param).acc; }
+
+  /// Completes a deferred parameter with `grad` (Accumulated plus the other
+  /// stage's copy): synchronizes it over dp unless that happened per
+  /// micro-batch. Emits in the current scope.
+  void FinishDeferred(const std::string& param, const std::string& grad) {
+    Param& p = Find(param);
+    p.grad = PerMicrobatchSync() ? grad : Sync(p, grad);
+  }
+
+  /// Adam for every parameter, in declaration order (step scope).
   void EmitOptimizer() {
+    StepScope step(b_);
     for (const Param& p : params_) Adam(p);
   }
 
@@ -168,6 +321,12 @@ class ParamStore {
     return params_[it->second];
   }
 
+  /// ZeRO-2/3 reduce-scatter each micro-batch's gradient.
+  bool PerMicrobatchSync() const { return plan_.zero >= 2; }
+  /// Whether the current scope is the step's last micro-batch (backwards run
+  /// in micro-batch order).
+  bool LastMicrobatch() const { return b_->Microbatch() == plan_.microbatches - 1; }
+
   /// {"dp"} when dp > 1: a raw gradient's pending reduction.
   Axes DpPartial() const { return plan_.dp > 1 ? Axes{"dp"} : Axes{}; }
 
@@ -178,15 +337,58 @@ class ParamStore {
     return false;
   }
 
+  /// p.acc += g: the first micro-batch's gradient starts the sum; later ones
+  /// are added into `name`.grad.acc (one add op each).
+  void Accumulate(Param& p, const std::string& g) {
+    if (p.acc.empty()) {
+      p.acc = g;
+      return;
+    }
+    const Tensor& t = b_->Get(g);
+    Axes partial = t.partial;
+    std::string sum = b_->AddLike(p.name + ".grad.acc", g, t.dtype, std::move(partial));
+    b_->AddCompute(p.name + ".grad.acc", ComputeType::kAdd, {p.acc, g}, {sum},
+                   kAddFlopsPerElem * b_->Get(sum).NumElements());
+    p.acc = sum;
+  }
+
   /// Declares a tensor holding this rank's dp shard of `p`: dim 0 divided by
   /// dp and sharded over dp inside whatever already shards it (tp first).
-  std::string DeclareShard(const Param& p, const std::string& name, DType dtype) {
+  /// `global`: a per-step tensor (no micro-batch suffix).
+  std::string DeclareShard(const Param& p, const std::string& name, bool global) {
     Shape shape = p.shape;
     Sharding sharding = p.sharding;
     assert(!shape.empty() && shape[0] % plan_.dp == 0);
     shape[0] /= plan_.dp;
     sharding[0].push_back("dp");
-    return b_->AddTensor(name, std::move(shape), dtype, std::move(sharding));
+    if (global) return b_->AddGlobal(name, std::move(shape), dtype_, std::move(sharding));
+    return b_->AddTensor(name, std::move(shape), dtype_, std::move(sharding));
+  }
+
+  /// Synchronizes gradient `grad` of `p` in the current scope: an all-reduce
+  /// over tp when it is partial there, then over dp an all-reduce (no ZeRO)
+  /// or a reduce-scatter into the shard (ZeRO). Returns the result.
+  std::string Sync(const Param& p, const std::string& grad) {
+    std::string g = grad;
+    if (IsPartialOver(g, "tp")) {
+      const std::string out =
+          b_->AddTensor(p.name + ".grad.tp_ar", p.shape, dtype_, p.sharding, DpPartial());
+      b_->AddCollective(p.name + ".grad.tp_ar", CollectiveType::kAllReduce, g, out, {"tp"},
+                        ReduceOp::kSum, kGradSync);
+      g = out;
+    }
+    if (plan_.dp > 1 && plan_.zero == 0) {
+      const std::string out = b_->AddTensor(p.name + ".grad.ar", p.shape, dtype_, p.sharding);
+      b_->AddCollective(p.name + ".grad.ar", CollectiveType::kAllReduce, g, out, {"dp"},
+                        ReduceOp::kSum, kGradSync);
+      g = out;
+    } else if (plan_.zero > 0) {
+      const std::string out = DeclareShard(p, p.name + ".grad.rs", false);
+      b_->AddCollective(p.name + ".grad.rs", CollectiveType::kReduceScatter, g, out, {"dp"},
+                        ReduceOp::kSum, kGradSync);
+      g = out;
+    }
+    return g;
   }
 
   /// Adam on one parameter (its shard under ZeRO): (param, grad, m, v) ->
@@ -212,7 +414,7 @@ class ParamStore {
     }
   }
 
-  GraphBuilder* b_;
+  MbBuilder* b_;
   const ParallelPlan& plan_;
   DType dtype_;
   std::vector<Param> params_;
@@ -242,11 +444,63 @@ struct BlockActs {
   std::string act;  // gpt: gelu output; llama: swiglu output
 };
 
-/// Lowers one training step of a decoder into a graph.
+/// Forward tensors of one micro-batch that its backward reads.
+struct MicrobatchActs {
+  std::vector<BlockActs> blocks;  // by layer - first layer of the stage
+  std::string tokens, positions, labels;  // graph inputs
+  std::string final_x, final_full, logits, max, sum_exp;
+  std::string head_table_grad;  // gpt without pp: the tied head's grad
+};
+
+/// The part of the model one pipeline stage runs: layers [first_layer,
+/// end_layer); stage 0 also the embedding, the last stage the final norm,
+/// the LM head and the loss.
+struct StageSpec {
+  int index = 0;   // pp coordinate
+  int stages = 1;  // pp
+  int first_layer = 0;
+  int end_layer = 0;
+  bool First() const { return index == 0; }
+  bool Last() const { return index == stages - 1; }
+};
+
+/// The stage of `index` among `stages` equal shares of the layers.
+StageSpec MakeStage(const ModelConfig& model, int index, int stages) {
+  const int per_stage = model.layers / stages;
+  return StageSpec{index, stages, index * per_stage, (index + 1) * per_stage};
+}
+
+/// One forward or backward pass of one micro-batch on one stage.
+struct PipeStep {
+  bool forward = true;
+  int microbatch = 0;
+};
+
+/// The 1F1B (PipeDream-Flush, Megatron non-interleaved) order of stage
+/// `stage` of `stages` over `microbatches`: min(stages - stage - 1, m)
+/// warm-up forwards, then one forward and one backward alternating, then
+/// the remaining backwards. Backwards run in micro-batch order.
+std::vector<PipeStep> OneFOneB(int stage, int stages, int microbatches) {
+  const int warmup = std::min(stages - stage - 1, microbatches);
+  std::vector<PipeStep> order;
+  order.reserve(2 * static_cast<size_t>(microbatches));
+  for (int k = 0; k < warmup; ++k) order.push_back({true, k});
+  for (int k = warmup; k < microbatches; ++k) {
+    order.push_back({true, k});
+    order.push_back({false, k - warmup});
+  }
+  for (int k = microbatches - warmup; k < microbatches; ++k) order.push_back({false, k});
+  return order;
+}
+
+/// Lowers one training step of a decoder, or of one pipeline stage of it,
+/// into a graph.
 class TransformerLowering {
  public:
-  TransformerLowering(const ModelConfig& model, const ParallelPlan& plan, Graph* graph)
-      : m_(model), plan_(plan), b_(graph), params_(&b_, plan, model.dtype) {
+  TransformerLowering(const ModelConfig& model, const ParallelPlan& plan, const StageSpec& stage,
+                      Graph* graph)
+      : m_(model), plan_(plan), stage_(stage), b_(graph, plan.microbatches),
+        params_(&b_, plan, model.dtype), acts_(plan.microbatches) {
     const int64_t head_dim = model.hidden / model.heads;
     d_.batch = model.batch;
     d_.seq = model.seq;
@@ -260,20 +514,134 @@ class TransformerLowering {
     d_.kv_heads_tp = model.kv_heads / plan.tp;
   }
 
-  /// Emits forward, backward and optimizer ops in program order.
+  /// Emits the stage's forwards and backwards in 1F1B order, then the
+  /// cross-stage tied-gradient sum (gpt, pp > 1) and the optimizer. Without
+  /// pp and with one micro-batch: forward, backward, optimizer.
   void Build() {
-    b_.SetPhase(Phase::kForward);
-    DeclareInputs();
-    std::string x = EmbedForward();
-    for (int l = 0; l < m_.layers; ++l) x = BlockForward(l, x);
-    LossForward(x);
-    b_.SetPhase(Phase::kBackward);
-    std::string dx = LossBackward();
-    for (int l = m_.layers - 1; l >= 0; --l) dx = BlockBackward(l, dx);
-    EmbedBackward(dx);
+    const std::vector<PipeStep> order = OneFOneB(stage_.index, stage_.stages, plan_.microbatches);
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i].forward) {
+        Forward(order[i].microbatch);
+      } else {
+        const bool forward_next = i + 1 < order.size() && order[i + 1].forward;
+        Backward(order[i].microbatch, forward_next);
+      }
+    }
+    b_.SetMicrobatch(-1);
+    if (TiedAcrossStages()) ExchangeTiedGrad();
     b_.SetPhase(Phase::kOptimizer);
     params_.EmitOptimizer();
   }
+
+ private:
+  /// The forward of micro-batch `k`: the stage input (embedding, or a recv
+  /// from the previous stage, after which a deferred activation-grad send
+  /// goes out), the stage's blocks, then the loss or a send to the next stage.
+  void Forward(int k) {
+    b_.SetMicrobatch(k);
+    b_.SetPhase(Phase::kForward);
+    DeclareInputs();
+    std::string x = stage_.First() ? EmbedForward() : RecvFromPrevious();
+    for (int l = stage_.first_layer; l < stage_.end_layer; ++l) x = BlockForward(l, x);
+    if (stage_.Last()) {
+      LossForward(x);
+    } else {
+      b_.AddP2P({OpKind::kSend, "pp.fwd.send", x, +1, kTagActivation, k, Phase::kForward,
+                 kPipeline});
+    }
+  }
+
+  /// The backward of micro-batch `k`: the loss grad or a recv from the next
+  /// stage, the blocks in reverse, then the embedding grads or the send of
+  /// d(stage input) to the previous stage. When a forward comes next the send
+  /// waits until after that forward's recv (`defer_send`): the previous stage
+  /// sends its activation before it receives this grad, and a send and its
+  /// recv meet as a rendezvous on one comm stream, so the opposite order
+  /// would deadlock.
+  void Backward(int k, bool defer_send) {
+    b_.SetMicrobatch(k);
+    b_.SetPhase(Phase::kBackward);
+    std::string dx = stage_.Last() ? LossBackward() : RecvFromNext(k);
+    for (int l = stage_.end_layer - 1; l >= stage_.first_layer; --l) dx = BlockBackward(l, dx);
+    if (stage_.First()) {
+      EmbedBackward(dx);
+    } else {
+      pending_send_ = {OpKind::kSend, "pp.bwd.send", dx, -1, kTagActivationGrad, k,
+                       Phase::kBackward, kPipeline};
+      if (!defer_send) FlushPendingSend();
+    }
+    acts_[k] = MicrobatchActs();  // its forward tensors are no longer read
+  }
+
+  /// Receives this micro-batch's stage input (the previous stage's last
+  /// block output, a residual-stream tensor) and then sends the deferred
+  /// activation grad, if any.
+  std::string RecvFromPrevious() {
+    b_.SetLayer(-1);
+    std::string x = ResidAct("pp.fwd.recv.out");
+    b_.AddP2P({OpKind::kRecv, "pp.fwd.recv", x, -1, kTagActivation, b_.Microbatch(),
+               Phase::kForward, kPipeline});
+    FlushPendingSend();
+    return x;
+  }
+
+  /// Receives d(stage output) of micro-batch `k` from the next stage.
+  std::string RecvFromNext(int k) {
+    b_.SetLayer(-1);
+    std::string dy = ResidAct("pp.bwd.recv.out");
+    b_.AddP2P({OpKind::kRecv, "pp.bwd.recv", dy, +1, kTagActivationGrad, k, Phase::kBackward,
+               kPipeline});
+    return dy;
+  }
+
+  /// Emits the deferred send of an activation grad, if one is pending.
+  void FlushPendingSend() {
+    if (pending_send_.tensor.empty()) return;
+    b_.AddP2P(pending_send_);
+    pending_send_ = P2P();
+  }
+
+  /// gpt with pp > 1: the first and the last stage each hold the tied word
+  /// table (embedding and LM head).
+  bool TiedAcrossStages() const {
+    return Gpt() && stage_.stages > 1 && (stage_.First() || stage_.Last());
+  }
+
+  /// The Megatron-style sum of the two tied-table gradients (step scope,
+  /// after every micro-batch): the first and the last stage exchange their
+  /// accumulated gradients with a send and a recv each (tag 2, purpose
+  /// "grad_sync"; the first stage sends first, the last receives first) and
+  /// add them, so both copies get the same update. A send/recv pair per
+  /// (dp, tp) coordinate, because an explicit-ranks group must hold every
+  /// rank that runs the graph. Then the usual dp sync.
+  void ExchangeTiedGrad() {
+    b_.SetPhase(Phase::kBackward);
+    b_.SetLayer(-1);
+    const std::string table = "embed.word.table";
+    const std::string own = params_.Accumulated(table);
+    const Tensor& t = b_.Get(own);
+    Axes partial = t.partial;
+    const DType dtype = t.dtype;
+    std::string other = b_.AddLike(table + ".grad.other_stage", own, dtype, partial);
+    std::string sum = b_.AddLike(table + ".grad.tied", own, dtype, partial);
+    const int offset = stage_.First() ? stage_.stages - 1 : -(stage_.stages - 1);
+    P2P send{OpKind::kSend, table + ".grad.send", own, offset, kTagTiedGrad, -1,
+             Phase::kBackward, kGradSync};
+    P2P recv{OpKind::kRecv, table + ".grad.recv", other, offset, kTagTiedGrad, -1,
+             Phase::kBackward, kGradSync};
+    if (stage_.First()) {
+      b_.AddP2P(send);
+      b_.AddP2P(recv);
+    } else {
+      b_.AddP2P(recv);
+      b_.AddP2P(send);
+    }
+    Add(table + ".grad.tied_add", own, other, sum);
+    params_.FinishDeferred(table, sum);
+  }
+
+  /// The forward tensors of the current micro-batch.
+  MicrobatchActs& Acts() { return acts_[b_.Microbatch()]; }
 
  private:
   /// gpt family (else llama).
@@ -392,7 +760,7 @@ class TransformerLowering {
     const std::string w = linear + ".w";
     std::string grad = params_.NewGrad(w + ".grad", w, false);
     MatmulWeightGrad(linear + ".dW", x, dy, grad);
-    params_.Sync(w, grad);
+    params_.AddGrad(w, grad);
   }
   /// out = x + y (elementwise, same shapes).
   void Add(const std::string& name, const std::string& x, const std::string& y,
@@ -440,8 +808,8 @@ class TransformerLowering {
       b_.AddCompute(name, ComputeType::kRmsNormGrad, {dy, x, gamma_in}, outputs,
                     kRmsNormGradFlopsPerElem * elems, {{"eps", kRmsNormEps}});
     }
-    params_.Sync(gamma, outputs[1]);
-    if (Gpt()) params_.Sync(beta, outputs[2]);
+    params_.AddGrad(gamma, outputs[1]);
+    if (Gpt()) params_.AddGrad(beta, outputs[2]);
     return dx;
   }
   /// Local head counts of the attention ops, causal.
@@ -456,12 +824,14 @@ class TransformerLowering {
 
   // ---- forward ------------------------------------------------------------
 
-  /// Graph inputs: token ids and labels [B, s] (int32); gpt also positions
-  /// ([B, s/tp] under sp: the positions of this rank's sequence shard).
+  /// This micro-batch's graph inputs: token ids [B, s] (int32) on the first
+  /// stage, gpt positions there too ([B, s/tp] under sp: the positions of
+  /// this rank's sequence shard), labels [B, s] on the last stage.
   void DeclareInputs() {
-    TokenScalar("tokens", DType::kI32);
-    if (Gpt()) TokenScalar("positions", DType::kI32, {}, true);
-    TokenScalar("labels", DType::kI32);
+    MicrobatchActs& acts = Acts();
+    if (stage_.First()) acts.tokens = TokenScalar("tokens", DType::kI32);
+    if (stage_.First() && Gpt()) acts.positions = TokenScalar("positions", DType::kI32, {}, true);
+    if (stage_.Last()) acts.labels = TokenScalar("labels", DType::kI32);
   }
 
   /// An embedding lookup; its bytes count the gathered rows, not the table.
@@ -476,13 +846,14 @@ class TransformerLowering {
   std::string EmbedForward() {
     b_.SetLayer(-1);
     params_.Declare("embed.word.table", {d_.vocab_tp, d_.hidden}, {{"tp"}, {}}, -1);
+    if (TiedAcrossStages()) params_.Defer("embed.word.table");
     if (Gpt()) params_.Declare("embed.pos.table", {d_.seq, d_.hidden}, {{}, {}}, -1);
     std::string word = Act("embed.word.out", d_.hidden, false, TpPartial());
-    Embedding("embed.word", params_.Fwd("embed.word.table"), "tokens", word);
+    Embedding("embed.word", params_.Fwd("embed.word.table"), Acts().tokens, word);
     word = TpReduce("embed.word", word);
     if (!Gpt()) return word;
     std::string pos = ResidAct("embed.pos.out");
-    Embedding("embed.pos", params_.Fwd("embed.pos.table"), "positions", pos);
+    Embedding("embed.pos", params_.Fwd("embed.pos.table"), Acts().positions, pos);
     std::string sum = ResidAct("embed.out");
     Add("embed.add", word, pos, sum);
     return sum;
@@ -502,7 +873,7 @@ class TransformerLowering {
     std::string mlp_out = Gpt() ? GptMlpForward(layer, &a) : LlamaMlpForward(layer, &a);
     std::string res2 = ResidAct(p + "mlp.res.out");
     Add(p + "mlp.res", a.res1, mlp_out, res2);
-    blocks_.push_back(a);
+    Acts().blocks.push_back(a);
     return res2;
   }
 
@@ -595,68 +966,89 @@ class TransformerLowering {
   /// The LM head's weight: the word table (gpt, tied) or head.w (llama), [V/tp, h].
   std::string HeadWeight() const { return Gpt() ? "embed.word.table" : "head.w"; }
 
+  /// Declares the LM head's weight: llama's head.w; gpt's tied word table
+  /// only where the embedding did not (the last of several stages holds its
+  /// own copy, whose gradient ExchangeTiedGrad sums with the first stage's).
+  void DeclareHeadWeight() {
+    if (Gpt() && stage_.First()) return;
+    params_.Declare(HeadWeight(), {d_.vocab_tp, d_.hidden}, {{"tp"}, {}}, -1);
+    if (TiedAcrossStages()) params_.Defer(HeadWeight());
+  }
+
   /// Final norm, LM head (logits sharded on vocab) and the vocab-parallel
   /// cross entropy (max, sum-exp and target all-reduced over tp).
   void LossForward(const std::string& x) {
     b_.SetLayer(-1);
-    final_x_ = x;
-    final_full_ = TpGather("final_ln", Norm("final_ln", x, -1));
-    if (!Gpt()) params_.Declare("head.w", {d_.vocab_tp, d_.hidden}, {{"tp"}, {}}, -1);
-    logits_ = Act("head.logits", d_.vocab_tp, true);
-    Linear("head", final_full_, params_.Fwd(HeadWeight()), logits_, true);  // x [B,s,h] x W^T
-    const double logit_elems = static_cast<double>(b_.Get(logits_).NumElements());
+    MicrobatchActs& a = Acts();
+    a.final_x = x;
+    a.final_full = TpGather("final_ln", Norm("final_ln", x, -1));
+    DeclareHeadWeight();
+    a.logits = Act("head.logits", d_.vocab_tp, true);
+    Linear("head", a.final_full, params_.Fwd(HeadWeight()), a.logits, true);  // x [B,s,h] x W^T
+    const double logit_elems = static_cast<double>(b_.Get(a.logits).NumElements());
     std::string max_local = TokenScalar("loss.max_local", DType::kF32, TpPartial());
-    b_.AddCompute("loss.max", ComputeType::kReduceMax, {logits_}, {max_local},
+    b_.AddCompute("loss.max", ComputeType::kReduceMax, {a.logits}, {max_local},
                   kReduceMaxFlopsPerElem * logit_elems);
-    max_ = TpAllReduce("loss.max.ar", max_local, ReduceOp::kMax);
+    a.max = TpAllReduce("loss.max.ar", max_local, ReduceOp::kMax);
     std::string z_local = TokenScalar("loss.sum_exp_local", DType::kF32, TpPartial());
-    b_.AddCompute("loss.sum_exp", ComputeType::kSumExp, {logits_, max_}, {z_local},
+    b_.AddCompute("loss.sum_exp", ComputeType::kSumExp, {a.logits, a.max}, {z_local},
                   kSumExpFlopsPerElem * logit_elems);
-    sum_exp_ = TpAllReduce("loss.sum_exp.ar", z_local, ReduceOp::kSum);
+    a.sum_exp = TpAllReduce("loss.sum_exp.ar", z_local, ReduceOp::kSum);
     std::string t_local = TokenScalar("loss.target_local", DType::kF32, TpPartial());
-    b_.AddCompute("loss.target", ComputeType::kGatherTarget, {logits_, "labels"}, {t_local}, 0);
+    b_.AddCompute("loss.target", ComputeType::kGatherTarget, {a.logits, a.labels}, {t_local}, 0);
     std::string target = TpAllReduce("loss.target.ar", t_local, ReduceOp::kSum);
     std::string loss = b_.AddTensor("loss", {}, DType::kF32, {});
-    b_.AddCompute("loss.cross_entropy", ComputeType::kCrossEntropy, {max_, sum_exp_, target},
+    b_.AddCompute("loss.cross_entropy", ComputeType::kCrossEntropy, {a.max, a.sum_exp, target},
                   {loss}, kCrossEntropyFlopsPerToken * d_.batch * d_.seq);
   }
 
   // ---- backward -----------------------------------------------------------
 
-  /// dlogits, the head's input grad (+ tp reduction), its weight grad and
-  /// the final norm's grad; returns d(last block output).
+  /// dlogits (scaled by 1/(dp*m) when dp*m > 1: the loss is the mean over
+  /// every rank's micro-batches), the head's input grad (+ tp reduction), its
+  /// weight grad and the final norm's grad; returns d(last block output).
   std::string LossBackward() {
     b_.SetLayer(-1);
+    MicrobatchActs& a = Acts();
     std::string dlogits = Act("head.logits.grad", d_.vocab_tp, true);
-    const double logit_elems = static_cast<double>(b_.Get(logits_).NumElements());
+    const double logit_elems = static_cast<double>(b_.Get(a.logits).NumElements());
     b_.AddCompute("loss.cross_entropy.grad", ComputeType::kCrossEntropyGrad,
-                  {logits_, max_, sum_exp_, "labels"}, {dlogits},
+                  {a.logits, a.max, a.sum_exp, a.labels}, {dlogits},
                   kCrossEntropyGradFlopsPerElem * logit_elems);
-    if (plan_.dp > 1) {  // the global loss is the mean over dp ranks
+    const int replicas = plan_.dp * plan_.microbatches;
+    if (replicas > 1) {
       std::string scaled = Act("head.logits.grad.scaled", d_.vocab_tp, true);
       b_.AddCompute("loss.grad_scale", ComputeType::kScale, {dlogits}, {scaled},
-                    kScaleFlopsPerElem * logit_elems, {{"scale", 1.0 / plan_.dp}});
+                    kScaleFlopsPerElem * logit_elems, {{"scale", 1.0 / replicas}});
       dlogits = scaled;
     }
     std::string dx = Act("head.dX.out", d_.hidden, false, TpPartial());
     Linear("head.dX", dlogits, params_.Bwd(HeadWeight()), dx, false);
     dx = TpReduce("head.dX", dx);
-    if (Gpt()) {  // tied: summed with the embedding's grad before its sync
-      head_table_grad_ = params_.NewGrad("embed.word.table.grad_head", "embed.word.table", false);
-      MatmulWeightGrad("head.dW", dlogits, final_full_, head_table_grad_);
+    HeadWeightGrad(dlogits);
+    return NormGrad("final_ln", dx, a.final_x);
+  }
+
+  /// The LM head's weight grad. gpt without pp keeps it to add to the
+  /// embedding's grad (EmbedBackward); otherwise it is this stage's gradient
+  /// of its head weight (tied copy or head.w).
+  void HeadWeightGrad(const std::string& dlogits) {
+    MicrobatchActs& a = Acts();
+    const std::string w = HeadWeight();
+    std::string grad = params_.NewGrad(w + (Gpt() ? ".grad_head" : ".grad"), w, false);
+    MatmulWeightGrad("head.dW", dlogits, a.final_full, grad);
+    if (Gpt() && stage_.First()) {
+      a.head_table_grad = grad;
     } else {
-      std::string grad = params_.NewGrad("head.w.grad", "head.w", false);
-      MatmulWeightGrad("head.dW", dlogits, final_full_, grad);
-      params_.Sync("head.w", grad);
+      params_.AddGrad(w, grad);
     }
-    return NormGrad("final_ln", dx, final_x_);
   }
 
   /// Backward of one block given d(block output); returns d(block input).
   std::string BlockBackward(int layer, const std::string& dy) {
     b_.SetLayer(layer);
     const std::string p = LayerPrefix(layer);
-    const BlockActs& a = blocks_[layer];
+    const BlockActs& a = Acts().blocks[layer - stage_.first_layer];
     std::string dn2 = Gpt() ? GptMlpBackward(layer, a, dy) : LlamaMlpBackward(layer, a, dy);
     std::string dres1_norm = NormGrad(p + "ln2", dn2, a.res1);
     std::string dres1 = ResidAct(p + "mlp.res.grad.out");
@@ -776,30 +1168,31 @@ class TransformerLowering {
     b_.SetLayer(-1);
     if (Gpt()) {
       std::string dpos = params_.NewGrad("embed.pos.table.grad", "embed.pos.table", plan_.sp);
-      b_.AddCompute("embed.pos.grad", ComputeType::kEmbeddingGrad, {dx, "positions"}, {dpos},
+      b_.AddCompute("embed.pos.grad", ComputeType::kEmbeddingGrad, {dx, Acts().positions}, {dpos},
                     kEmbeddingGradFlopsPerElem * b_.Get(dx).NumElements());
-      params_.Sync("embed.pos.table", dpos);
+      params_.AddGrad("embed.pos.table", dpos);
     }
     std::string dx_full = TpGather("embed.dx", dx);
     const std::string table = "embed.word.table";
     std::string dword = params_.NewGrad(table + (Gpt() ? ".grad_embed" : ".grad"), table, false);
-    b_.AddCompute("embed.word.grad", ComputeType::kEmbeddingGrad, {dx_full, "tokens"}, {dword},
-                  kEmbeddingGradFlopsPerElem * b_.Get(dx_full).NumElements());
-    if (Gpt()) {
+    b_.AddCompute("embed.word.grad", ComputeType::kEmbeddingGrad, {dx_full, Acts().tokens},
+                  {dword}, kEmbeddingGradFlopsPerElem * b_.Get(dx_full).NumElements());
+    if (Gpt() && stage_.Last()) {  // one stage: add the tied head's grad
       std::string dtable = params_.NewGrad(table + ".grad", table, false);
-      Add("embed.word.grad.tied_add", head_table_grad_, dword, dtable);
+      Add("embed.word.grad.tied_add", Acts().head_table_grad, dword, dtable);
       dword = dtable;
     }
-    params_.Sync(table, dword);
+    params_.AddGrad(table, dword);
   }
 
   const ModelConfig& m_;
   const ParallelPlan& plan_;
-  GraphBuilder b_;
+  StageSpec stage_;
+  MbBuilder b_;
   ParamStore params_;
   LocalDims d_;
-  std::vector<BlockActs> blocks_;
-  std::string final_x_, final_full_, logits_, max_, sum_exp_, head_table_grad_;
+  std::vector<MicrobatchActs> acts_;  // by micro-batch
+  P2P pending_send_;                  // an activation-grad send deferred past a recv
 };
 
 /// "not implemented yet" for the plan features this frontend parses and
@@ -809,20 +1202,30 @@ Status CheckImplemented(const ParallelPlan& plan) {
     return Status::Error("plan '" + PlanToString(plan) + "': " + what +
                          " is not implemented yet in this frontend (docs/frontends.md)");
   };
-  if (plan.pp > 1) return missing("pipeline parallelism (pp > 1)");
   if (plan.ep > 1) return missing("expert parallelism (ep > 1)");
   if (plan.dap) return missing("dynamic axial parallelism (dap)");
-  if (plan.microbatches > 1) return missing("more than one micro-batch (microbatches > 1)");
   return Status::Ok();
 }
 
-/// "<model>.dp4.tp8[.sp][.zeroN]".
+/// "<model>.dp4.tp8[.pp4][.sp][.zeroN][.mb8]".
 std::string ProgramName(const ModelConfig& model, const ParallelPlan& plan) {
   std::string name = model.name.empty() ? std::string(ToString(model.family)) : model.name;
   name += ".dp" + std::to_string(plan.dp) + ".tp" + std::to_string(plan.tp);
+  if (plan.pp > 1) name += ".pp" + std::to_string(plan.pp);
   if (plan.sp) name += ".sp";
   if (plan.zero > 0) name += ".zero" + std::to_string(plan.zero);
+  if (plan.microbatches > 1) name += ".mb" + std::to_string(plan.microbatches);
   return name;
+}
+
+/// The graph of stage `index` (all layers when pp = 1), named `name`.
+Graph LowerStage(const ModelConfig& model, const ParallelPlan& plan, int index,
+                 const std::string& name) {
+  Graph graph;
+  graph.name = name;
+  graph.streams = {"compute", "comm"};
+  TransformerLowering(model, plan, MakeStage(model, index, plan.pp), &graph).Build();
+  return graph;
 }
 
 }  // namespace
@@ -833,15 +1236,23 @@ Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& p
   CONCERTO_RETURN_IF_ERROR(CheckImplemented(plan));
   Program program;
   program.name = ProgramName(model, plan);
-  program.mesh.axes = {{"dp", plan.dp}, {"tp", plan.tp}};
-  Graph graph;
-  graph.name = "main";
-  graph.streams = {"compute", "comm"};
-  TransformerLowering(model, plan, &graph).Build();
-  program.graphs.push_back(std::move(graph));
-  Role role{"spmd", "main", {}};
-  for (int r = 0; r < program.mesh.NumRanks(); ++r) role.ranks.push_back(r);
-  program.roles.push_back(std::move(role));
+  if (plan.pp == 1) {
+    program.mesh.axes = {{"dp", plan.dp}, {"tp", plan.tp}};
+    program.graphs.push_back(LowerStage(model, plan, 0, "main"));
+    Role role{"spmd", "main", {}};
+    for (int r = 0; r < program.mesh.NumRanks(); ++r) role.ranks.push_back(r);
+    program.roles.push_back(std::move(role));
+    return program;
+  }
+  program.mesh.axes = {{"pp", plan.pp}, {"dp", plan.dp}, {"tp", plan.tp}};
+  const int stage_ranks = plan.dp * plan.tp;  // pp is outermost: a stage's ranks are contiguous
+  for (int i = 0; i < plan.pp; ++i) {
+    const std::string name = "stage" + std::to_string(i);
+    program.graphs.push_back(LowerStage(model, plan, i, name));
+    Role role{name, name, {}};
+    for (int r = i * stage_ranks; r < (i + 1) * stage_ranks; ++r) role.ranks.push_back(r);
+    program.roles.push_back(std::move(role));
+  }
   return program;
 }
 

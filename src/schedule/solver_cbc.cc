@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <vector>
+#include <cstdlib>
 
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wunused-parameter"
@@ -210,8 +211,10 @@ WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation
   model.setUseElapsedTime(true);
   model.setRandomSeed(static_cast<int>(options.seed % 1000000007));
   model.setNumberThreads(0);
-  CbcStrategyDefault strategy(1, 5, 5, 0);
-  model.setStrategy(strategy);
+  int ns = getenv("NS") ? atoi(getenv("NS")) : 5;
+  CbcStrategyDefault strategy(1, ns, ns, 0);
+  if (!getenv("NOSTRAT")) model.setStrategy(strategy);
+  if (getenv("PASSES")) { model.setMaximumCutPassesAtRoot(atoi(getenv("PASSES"))); }
   if (!prep.hint.empty()) {
     std::vector<double> cols = HintColumns(prep, ilp);
     model.setBestSolution(cols.data(), static_cast<int>(cols.size()), static_cast<double>(prep.hint_objective), true);

@@ -13,8 +13,9 @@ namespace concerto {
 struct ModelConfig;  // concerto/lower/transformer.h
 
 /// A parallel plan. Degrees are group sizes (1: not used). The mesh is
-/// {dp, tp} (tp last, so a tp group sits inside a node); pipeline, expert and
-/// dynamic-axial parallelism are parsed and validated but not lowered yet.
+/// {pp, dp, tp} (tp last, so a tp group sits inside a node; pp only when > 1).
+/// Expert and dynamic-axial parallelism are parsed and validated; the decoder
+/// frontend rejects them (docs/frontends.md).
 struct ParallelPlan {
   int dp = 1;            // data parallel
   int tp = 1;            // Megatron tensor parallel

@@ -1,9 +1,10 @@
 // Dense decoder transformers (GPT and LLaMA style) lowered to the IR under a
 // ParallelPlan: data parallelism (plain or ZeRO 1/2/3), Megatron tensor
-// parallelism and sequence parallelism. One SPMD graph with real local
-// shapes, sharding specs, flops, bytes and collectives. The op list, the
-// collective placement and the conventions are in docs/workloads.md and
-// docs/frontends.md.
+// parallelism, sequence parallelism, gradient accumulation over micro-batches
+// and pipeline parallelism (1F1B). One SPMD graph, or one graph per pipeline
+// stage, with real local shapes, sharding specs, flops, bytes, collectives
+// and sends/recvs. The op list, the collective placement and the conventions
+// are in docs/workloads.md and docs/frontends.md.
 #pragma once
 
 #include <cstdint>
@@ -38,7 +39,8 @@ struct ModelConfig {
   int ffn_hidden = 0;  // MLP inner width (gpt: 4h; llama-7b: 11008)
   int seq = 0;         // s
   int vocab = 0;       // V
-  int batch = 0;       // B: sequences per data-parallel rank per step
+  int batch = 0;       // B: sequences per data-parallel rank per micro-batch
+                       // (a step runs plan.microbatches of them)
   DType dtype = DType::kBF16;
 };
 
@@ -72,11 +74,16 @@ Status ValidateModel(const ModelConfig& model);
 /// V*h untied head.
 int64_t ModelParameterCount(const ModelConfig& model);
 
-/// One training step (forward, backward, Adam) of `model` under `plan` as a
-/// Program: mesh {dp, tp}, one graph "main" that every rank runs (role
-/// "spmd"). ValidateModel and ValidatePlan errors are returned as they are;
-/// pp > 1, ep > 1, dap and microbatches > 1 are "not implemented yet in this
-/// frontend" errors.
+/// One training step (forward and backward of plan.microbatches micro-batches
+/// of model.batch sequences each, gradient accumulation, Adam) of `model`
+/// under `plan` as a Program. Without pp: mesh {dp, tp}, one graph "main"
+/// that every rank runs (role "spmd"). With pp > 1: mesh {pp, dp, tp}, one
+/// graph and one role "stage<i>" per stage, holding the ranks with pp
+/// coordinate i (contiguous) and layers [i*L/pp, (i+1)*L/pp); its forwards
+/// and backwards follow the 1F1B order and exchange activations and their
+/// gradients with the neighbouring stages by send/recv (docs/frontends.md).
+/// ValidateModel and ValidatePlan errors are returned as they are; ep > 1
+/// and dap are "not implemented yet in this frontend" errors.
 Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& plan);
 
 }  // namespace concerto
