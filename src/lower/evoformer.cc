@@ -524,13 +524,15 @@ class EvoformerLowering {
     return LinearTBackward(p, src2d, d2);
   }
 
-  /// Token-major [rows, len, H, c] and head-major [rows, H, len, c] views.
+  /// Token-major view [rows, len, H, c] of q, k, v or o.
   Layout TokenLayout(const AttnSpec& s) const {
     return {{s.rows, s.len, s.heads, s.head_dim}, Sh(4, 0)};
   }
+  /// Head-major layout [rows, H, len, c] of the explicit attention.
   Layout HeadLayout(const AttnSpec& s) const {
     return {{s.rows, s.heads, s.len, s.head_dim}, Sh(4, 0)};
   }
+  /// The projections' layout [rows, len, H*c].
   Layout FlatLayout(const AttnSpec& s) const {
     return {{s.rows, s.len, s.heads * s.head_dim}, Sh(3, 0)};
   }
@@ -786,13 +788,15 @@ class EvoformerLowering {
 
   // ---- blocks --------------------------------------------------------------
 
-  /// Module specs of block `l` ("b<l>." prefixes).
+  /// MSA row attention of the block with prefix p: rows s/N, length r, biased by z.
   AttnSpec MsaRowSpec(const std::string& p) const {
     return {p + "msa_row", c_.msa_heads, c_.msa_head_dim, sl_, r_, c_.c_m, true, false};
   }
+  /// MSA column attention: rows r/N, length s, unbiased (the attention op).
   AttnSpec MsaColSpec(const std::string& p) const {
     return {p + "msa_col", c_.msa_heads, c_.msa_head_dim, rl_, s_, c_.c_m, false, false};
   }
+  /// Triangle attention `name`: rows r/N, length r, biased by its own input.
   AttnSpec TriAttSpec(const std::string& name) const {
     return {name, c_.tri_heads, c_.tri_head_dim, rl_, r_, c_.c_z, true, true};
   }

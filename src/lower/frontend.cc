@@ -1,5 +1,8 @@
 #include "concerto/lower/frontend.h"
 
+#include <algorithm>
+
+#include "concerto/lower/evoformer.h"
 #include "concerto/lower/plan.h"
 #include "concerto/lower/transformer.h"
 
@@ -8,11 +11,24 @@ namespace concerto {
 Result<Program> LowerModelPlan(const std::string& model, const std::string& plan_text) {
   Result<ParallelPlan> plan = ParsePlan(plan_text);
   if (!plan.ok()) return plan.status();
+  const std::vector<std::string> evo = EvoformerPresetNames();
+  if (std::find(evo.begin(), evo.end(), model) != evo.end()) {
+    if (plan->tp != 1 || plan->pp != 1 || plan->ep != 1 || plan->sp || plan->zero != 0 || plan->microbatches != 1)
+      return Status::Error("plan '" + plan_text + "' for model '" + model +
+                           "': the Evoformer frontend takes dp and dap only (e.g. dp=4,dap=8)");
+    Result<EvoformerConfig> config = EvoformerPreset(model);
+    if (!config.ok()) return config.status();
+    return LowerEvoformer(*config, plan->dp, plan->dap);
+  }
   Result<ModelConfig> config = LoadModel(model);
   if (!config.ok()) return config.status();
   return LowerTransformer(*config, *plan);
 }
 
-std::vector<std::string> AllModelPresetNames() { return ModelPresetNames(); }
+std::vector<std::string> AllModelPresetNames() {
+  std::vector<std::string> names = ModelPresetNames();
+  for (const auto& n : EvoformerPresetNames()) names.push_back(n);
+  return names;
+}
 
 }  // namespace concerto

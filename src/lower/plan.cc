@@ -74,7 +74,7 @@ class PlanParser {
     if (!IsKnown(key))
       return ItemError(item, "unknown key '" + key + "' (known: " + std::string(kKnownKeys) + ")");
     if (!seen_.insert(key).second) return ItemError(item, "key '" + key + "' is given twice");
-    if (key == "sp" || key == "dap") return ParseFlag(item, key, has_value, value);
+    if (key == "sp") return ParseFlag(item, key, has_value, value);
     if (!has_value) return ItemError(item, "'" + key + "' needs a value (" + key + "=N)");
     if (key == "zero") return ParseInt(item, key, value, 0, 3, &plan_.zero);
     return ParseInt(item, key, value, 1, kMaxDegree, IntField(key));
@@ -87,9 +87,10 @@ class PlanParser {
     return kKeys.count(key) > 0;
   }
 
-  /// The integer field of a degree key (dp, tp, pp, ep, microbatches).
+  /// The integer field of a degree key (dp, tp, pp, ep, dap, microbatches).
   int* IntField(const std::string& key) {
     if (key == "dp") return &plan_.dp;
+    if (key == "dap") return &plan_.dap;
     if (key == "tp") return &plan_.tp;
     if (key == "pp") return &plan_.pp;
     if (key == "ep") return &plan_.ep;
@@ -99,7 +100,7 @@ class PlanParser {
   /// A flag: bare ("sp"), or "=1" / "=0".
   Status ParseFlag(const std::string& item, const std::string& key, bool has_value,
                    const std::string& value) {
-    bool* flag = key == "sp" ? &plan_.sp : &plan_.dap;
+    bool* flag = &plan_.sp;
     if (!has_value || value == "1") {
       *flag = true;
     } else if (value == "0") {
@@ -146,7 +147,7 @@ class PlanChecker {
     CONCERTO_RETURN_IF_ERROR(Pipeline());
     CONCERTO_RETURN_IF_ERROR(Experts());
     CONCERTO_RETURN_IF_ERROR(Zero());
-    if (p_.dap)
+    if (p_.dap > 1)
       return Fail("dap (dynamic axial parallelism) needs an Evoformer model; '" + m_.name +
                   "' is a " + std::string(ToString(m_.family)) + " decoder");
     return Status::Ok();
@@ -256,7 +257,7 @@ std::string PlanToString(const ParallelPlan& plan) {
   if (plan.sp) s += ",sp";
   if (plan.zero != 0) s += ",zero=" + std::to_string(plan.zero);
   if (plan.microbatches != 1) s += ",microbatches=" + std::to_string(plan.microbatches);
-  if (plan.dap) s += ",dap";
+  if (plan.dap != 1) s += ",dap=" + std::to_string(plan.dap);
   return s;
 }
 

@@ -1203,7 +1203,7 @@ Status CheckImplemented(const ParallelPlan& plan) {
                          " is not implemented yet in this frontend (docs/frontends.md)");
   };
   if (plan.ep > 1) return missing("expert parallelism (ep > 1)");
-  if (plan.dap) return missing("dynamic axial parallelism (dap)");
+  if (plan.dap > 1) return missing("dynamic axial parallelism (dap)");
   return Status::Ok();
 }
 

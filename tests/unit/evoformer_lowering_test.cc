@@ -266,6 +266,22 @@ TEST(EvoformerTest, ParameterCountPerBlock) {
   EXPECT_EQ(syncs, 66 * 48);
 }
 
+// evoformer-tiny (c_m 16, c_z 8, heads 2x4 everywhere, OPM 4, width 8):
+//   msa_row 32+16+4*16*8+8*2+8*16 = 704; msa_col 32+512+128 = 672;
+//   msa_trans 32+2*4*16*16 = 2080; opm 32+2*16*4+16*8 = 288;
+//   tri_mul 16+4*8*8+16+64+64 = 416 (x2); tri_att 16+256+8*2+64 = 352 (x2);
+//   pair_trans 16+2*4*64 = 528; total 5,808.
+TEST(EvoformerTest, TinyParameterCount) {
+  EXPECT_EQ(EvoformerBlockParameterCount(Preset("evoformer-tiny")), 5808);
+  Program p = Lower(Preset("evoformer-tiny"), 2, 2);
+  auto tensors = Tensors(Main(p));
+  int64_t total = 0;
+  for (const Op& op : Main(p).ops)
+    if (op.kind == OpKind::kCompute && op.compute_type == ComputeType::kAdam)
+      total += tensors.at(op.inputs[0])->NumElements();
+  EXPECT_EQ(total, 5808);
+}
+
 TEST(EvoformerTest, ShardedShapes) {
   Program p = Lower(Preset("evoformer"), 1, 8);
   auto t = Tensors(Main(p));

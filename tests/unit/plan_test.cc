@@ -64,19 +64,19 @@ TEST(PlanParse, TheIssueExamples) {
 TEST(PlanParse, DefaultsSpacesFlagsAndEmptyItems) {
   ParallelPlan d = Parse("");
   EXPECT_EQ(PlanToString(d), "dp=1,tp=1");
-  ParallelPlan s = Parse(" dp = 2 , tp=4,, sp=1 ,ep=2,dap ");
+  ParallelPlan s = Parse(" dp = 2 , tp=4,, sp=1 ,ep=2,dap=4 ");
   EXPECT_EQ(s.dp, 2);
   EXPECT_EQ(s.tp, 4);
   EXPECT_TRUE(s.sp);
   EXPECT_EQ(s.ep, 2);
-  EXPECT_TRUE(s.dap);
+  EXPECT_EQ(s.dap, 4);
   EXPECT_FALSE(Parse("sp=0").sp);
   EXPECT_EQ(Parse("zero=0,dp=2").zero, 0);
 }
 
 TEST(PlanParse, CanonicalTextRoundTrips) {
   for (const char* text : {"dp=4,tp=8", "dp=1,tp=8,pp=4,sp,microbatches=8", "dp=32,tp=1,zero=3",
-                           "dp=2,tp=2,ep=2,zero=1,dap"}) {
+                           "dp=2,tp=2,ep=2,zero=1,dap=2"}) {
     EXPECT_EQ(PlanToString(Parse(text)), text);
     EXPECT_EQ(PlanToString(Parse(PlanToString(Parse(text)))), text);
   }
@@ -172,11 +172,11 @@ TEST(PlanValidate, ExpertsZeroAndDap) {
   EXPECT_HAS(Rejection(Model("gpt-tiny"), "zero=1,dp=3"), "(3) must divide hidden (256)");
   // gpt-tiny at tp=2: fc2/proj rows hidden/tp = 128 not a multiple of 256.
   EXPECT_HAS(Rejection(Model("gpt-tiny"), "zero=3,dp=256,tp=2"), "must divide hidden/tp (128)");
-  std::string dap = Rejection(Model("llama-7b"), "dap");
+  std::string dap = Rejection(Model("llama-7b"), "dap=2");
   EXPECT_HAS(dap, "dap (dynamic axial parallelism) needs an Evoformer model");
   EXPECT_HAS(dap, "'llama-7b' is a llama decoder");
   // Messages name the plan and the model.
-  EXPECT_HAS(dap, "plan 'dp=1,tp=1,dap' for model 'llama-7b'");
+  EXPECT_HAS(dap, "plan 'dp=1,tp=1,dap=2' for model 'llama-7b'");
 }
 
 TEST(PlanValidate, DegreesBuiltByHandAreChecked) {

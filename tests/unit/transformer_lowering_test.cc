@@ -736,7 +736,7 @@ TEST(Presets, UnimplementedPlansSaySo) {
   EXPECT_TRUE(LowerTransformer(Preset("gpt-tiny"), Plan("dp=2,microbatches=4")).ok());
   // ep and dap fail validation first on these dense decoders.
   EXPECT_HAS(message("gpt-tiny", "dp=2,ep=2"), "must divide the number of experts");
-  EXPECT_HAS(message("gpt-tiny", "dap"), "needs an Evoformer model");
+  EXPECT_HAS(message("gpt-tiny", "dap=2"), "needs an Evoformer model");
 }
 
 // Lowering is linear in the layers: llama-70b (80 layers) takes milliseconds.

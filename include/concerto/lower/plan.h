@@ -24,7 +24,7 @@ struct ParallelPlan {
   bool sp = false;       // Megatron sequence parallelism over the tp group (needs tp > 1)
   int zero = 0;          // ZeRO stage over dp: 0 (off), 1, 2 or 3
   int microbatches = 1;  // micro-batches per step (>= pp for 1F1B)
-  bool dap = false;      // FastFold dynamic axial parallelism (Evoformer only)
+  int dap = 1;           // FastFold dynamic axial parallelism degree (Evoformer only)
 };
 
 /// The older two-degree plan (dp and tp only), kept for existing callers.
@@ -34,7 +34,7 @@ struct DpTpPlan {
 };
 
 /// Parses a comma-separated plan: integer keys dp, tp, pp, ep, microbatches
-/// (>= 1) and zero (0..3); flags sp and dap (bare, or =1 / =0). Spaces around
+/// (>= 1), dap (>= 1) and zero (0..3); flag sp (bare, or =1 / =0). Spaces around
 /// items are ignored; omitted keys keep their defaults. Errors name the item:
 /// unknown key, key given twice, a value that is not an integer in range, a
 /// flag or key without its value, sp without tp > 1.

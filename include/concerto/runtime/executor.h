@@ -1,0 +1,77 @@
+// The executor: runs a ScheduledProgram for real. Per rank one thread per
+// stream; each stream runs its ops in the schedule's order; an op starts
+// when its data and control predecessors on the rank have finished;
+// collectives and send/recv go through a Communicator. Every op's measured
+// start and end go into the simulator's Timeline type, so report/ (summary,
+// Chrome trace) works on measured runs. docs/runtime.md.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "concerto/runtime/communicator.h"
+#include "concerto/runtime/init.h"
+#include "concerto/schedule/schedule.h"
+#include "concerto/sim/simulator.h"
+#include "concerto/util/status.h"
+
+namespace concerto {
+
+struct RunOptions {
+  InitOptions init;
+  /// Seconds a collective or send/recv waits for its peers before failing.
+  double timeout_s = 30;
+  /// OpenBLAS threads per process (RunInProcess: shared by all ranks).
+  int blas_threads = 1;
+};
+
+/// One rank's tensors after the step (fp32, by tensor name).
+struct RankTensors {
+  int rank = 0;
+  std::string role;
+  std::map<std::string, std::vector<float>> values;
+
+  /// The values of tensor `name`, or nullptr when this rank has none.
+  const std::vector<float>* Find(const std::string& name) const;
+};
+
+/// What one rank's execution measured and computed.
+struct RankRun {
+  std::vector<OpRecord> records;  // one per op, times in us since the epoch
+  RankTensors tensors;
+};
+
+/// A whole run: the measured timeline of every rank and every rank's tensors.
+struct RunResult {
+  Timeline timeline;
+  std::vector<RankTensors> ranks;  // indexed by rank
+
+  /// The tensors of `rank` (asserts it was run).
+  const RankTensors& Rank(int rank) const;
+};
+
+/// Everything that must hold before a run starts: the program verifies,
+/// the schedule verifies against it (VerifySchedule), and every compute op
+/// is one the runtime can execute (CheckKernel). Lists the first problems.
+Status CheckRunnable(const ScheduledProgram& sp);
+
+/// Executes the ops of `comm.rank()`'s role: initialises its graph inputs,
+/// runs one thread per stream, returns its timeline records (relative to
+/// `epoch`) and its tensors. On an op failure it aborts the communicator
+/// and returns "rank R: op N 'name': ..." naming the op. Call CheckRunnable
+/// first (RunInProcess does).
+Result<RankRun> RunRank(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options,
+                        std::chrono::steady_clock::time_point epoch);
+
+/// Runs every rank of `sp` in this process, one thread group per rank over a
+/// FakeWorld. Refuses a program or schedule that CheckRunnable rejects.
+/// The error of a failed run is the first failure (not the aborts it caused).
+Result<RunResult> RunInProcess(const ScheduledProgram& sp, const RunOptions& options = {});
+
+/// Assembles per-rank records into a Timeline (ranks, makespan, per-stream
+/// busy time; no critical path).
+Timeline MakeMeasuredTimeline(const Program& program, const std::vector<std::vector<OpRecord>>& per_rank);
+
+}  // namespace concerto

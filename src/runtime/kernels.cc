@@ -1,0 +1,730 @@
+// fp32 CPU kernels for the IR's compute types (docs/ir.md section 1.6):
+// matmul through OpenBLAS cblas_sgemm, the rest as plain loops. Row
+// reductions (norms, softmax, loss) accumulate in double and store fp32.
+#include "concerto/runtime/kernels.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+namespace concerto {
+
+namespace {
+
+/// Elements of `t`.
+int64_t Numel(const KernelArg& t) { return t.meta->NumElements(); }
+/// Size of the last dimension (1 for a scalar).
+int64_t LastDim(const Tensor& t) { return t.shape.empty() ? 1 : t.shape.back(); }
+/// Number of rows when `t` is viewed as [rows, last dim].
+int64_t Rows(const Tensor& t) {
+  const int64_t last = LastDim(t);
+  return last == 0 ? 0 : t.NumElements() / last;
+}
+bool IsInteger(DType d) { return d == DType::kI32 || d == DType::kI64; }
+
+/// "op N 'name': <type>: <what>".
+Status OpError(const Op& op, const std::string& what) {
+  return Status::Error(OpLabel(op) + ": " + std::string(ToString(op.compute_type)) + ": " + what);
+}
+
+/// Whether `v` holds an integral value.
+bool Integral(double v) { return std::isfinite(v) && v == std::floor(v); }
+
+/// Checks that attribute `key`, if present (or `required`), is integral and
+/// within [lo, hi].
+Status CheckIntAttr(const Op& op, const std::string& key, bool required, double lo, double hi) {
+  auto it = op.attrs.find(key);
+  if (it == op.attrs.end())
+    return required ? OpError(op, "missing required attribute '" + key + "'") : Status::Ok();
+  const double v = it->second;
+  if (!Integral(v) || v < lo || v > hi)
+    return OpError(op, "attribute '" + key + "' must be an integer in [" + std::to_string(lo) +
+                           ", " + std::to_string(hi) + "], got " + std::to_string(v));
+  return Status::Ok();
+}
+
+/// The id an integer tensor stores at `i` (ids live in fp32, exact below 2^24).
+int64_t IdAt(const KernelArg& ids, int64_t i) { return static_cast<int64_t>(ids.data[i]); }
+
+// ---- matmul ----------------------------------------------------------------
+
+/// c = op(a) @ op(b), leading dims of `a` batch; `b` 2-D (broadcast) or
+/// batched like `a`.
+Status Matmul(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const Tensor& a = *in[0].meta;
+  const Tensor& b = *in[1].meta;
+  const bool ta = op.Attr("transpose_a", 0) != 0, tb = op.Attr("transpose_b", 0) != 0;
+  const size_t ra = a.shape.size(), rb = b.shape.size();
+  const int64_t a_rows = a.shape[ra - 2], a_cols = a.shape[ra - 1];
+  const int64_t m = ta ? a_cols : a_rows, k = ta ? a_rows : a_cols;
+  const int64_t n = tb ? b.shape[rb - 2] : b.shape[rb - 1];
+  const int64_t batch = a_rows * a_cols == 0 ? 0 : a.NumElements() / (a_rows * a_cols);
+  float* c = out[0].data;
+  if (m == 0 || n == 0 || k == 0 || batch == 0) {
+    std::fill(c, c + Numel(out[0]), 0.0f);
+    return Status::Ok();
+  }
+  const CBLAS_TRANSPOSE opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+  const int lda = static_cast<int>(ta ? m : k), ldb = static_cast<int>(tb ? k : n);
+  const bool b_batched = rb > 2;
+  if (!b_batched && !ta) {  // one call: the batch folds into the rows of a
+    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(batch * m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, in[0].data, lda, in[1].data, ldb, 0.0f, c,
+                static_cast<int>(n));
+    return Status::Ok();
+  }
+  for (int64_t i = 0; i < batch; ++i)
+    cblas_sgemm(CblasRowMajor, opa, opb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), 1.0f, in[0].data + i * m * k, lda,
+                in[1].data + (b_batched ? i * k * n : 0), ldb, 0.0f, c + i * m * n,
+                static_cast<int>(n));
+  return Status::Ok();
+}
+
+// ---- elementwise -----------------------------------------------------------
+
+constexpr double kGeluC = 0.7978845608028654;  // sqrt(2/pi)
+constexpr double kGeluA = 0.044715;
+
+double Gelu(double x) { return 0.5 * x * (1 + std::tanh(kGeluC * (x + kGeluA * x * x * x))); }
+double GeluDeriv(double x) {
+  const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kGeluC * (1 + 3 * kGeluA * x * x);
+}
+double Sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
+double Silu(double x) { return x * Sigmoid(x); }
+double SiluDeriv(double x) {
+  const double s = Sigmoid(x);
+  return s * (1 + x * (1 - s));
+}
+
+/// z = x + y, y broadcast over x's leading dims (y's shape is a suffix of x's).
+void Add(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const int64_t nx = Numel(in[0]), ny = Numel(in[1]);
+  const float *x = in[0].data, *y = in[1].data;
+  float* z = out[0].data;
+  if (ny == nx) {
+    for (int64_t i = 0; i < nx; ++i) z[i] = x[i] + y[i];
+    return;
+  }
+  for (int64_t i = 0; i < nx; ++i) z[i] = x[i] + y[ny == 0 ? 0 : i % ny];
+}
+
+/// out[0][i] = f(in[0][i]) for a unary function.
+template <typename F>
+void Unary(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out, F f) {
+  const int64_t n = Numel(in[0]);
+  for (int64_t i = 0; i < n; ++i) out[0].data[i] = static_cast<float>(f(in[0].data[i]));
+}
+
+/// out[0][i] = f(in[0][i], in[1][i]).
+template <typename F>
+void Binary(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out, F f) {
+  const int64_t n = Numel(out[0]);
+  for (int64_t i = 0; i < n; ++i)
+    out[0].data[i] = static_cast<float>(f(in[0].data[i], in[1].data[i]));
+}
+
+/// dgate = dy * up * silu'(gate), dup = dy * silu(gate).
+void SwigluGrad(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const int64_t n = Numel(in[0]);
+  for (int64_t i = 0; i < n; ++i) {
+    const double dy = in[0].data[i], g = in[1].data[i], up = in[2].data[i];
+    out[0].data[i] = static_cast<float>(dy * up * SiluDeriv(g));
+    out[1].data[i] = static_cast<float>(dy * Silu(g));
+  }
+}
+
+// ---- norms -----------------------------------------------------------------
+
+/// Mean and 1/sqrt(var + eps) of one row (biased variance).
+void RowStats(const float* x, int64_t h, double eps, double* mean, double* rstd) {
+  double sum = 0;
+  for (int64_t j = 0; j < h; ++j) sum += x[j];
+  const double mu = h ? sum / h : 0;
+  double var = 0;
+  for (int64_t j = 0; j < h; ++j) var += (x[j] - mu) * (x[j] - mu);
+  var = h ? var / h : 0;
+  *mean = mu;
+  *rstd = 1 / std::sqrt(var + eps);
+}
+
+/// y = (x - mean) / sqrt(var + eps) * gamma + beta over the last dim.
+void LayerNorm(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const double eps = op.Attr("eps", 1e-5);
+  const int64_t h = LastDim(*in[0].meta), rows = Rows(*in[0].meta);
+  const float *gamma = in[1].data, *beta = in[2].data;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in[0].data + r * h;
+    float* y = out[0].data + r * h;
+    double mean = 0, rstd = 0;
+    RowStats(x, h, eps, &mean, &rstd);
+    for (int64_t j = 0; j < h; ++j) y[j] = static_cast<float>((x[j] - mean) * rstd * gamma[j] + beta[j]);
+  }
+}
+
+/// (dy, x, gamma) -> (dx, dgamma, dbeta) of layer_norm.
+void LayerNormGrad(const Op& op, const std::vector<KernelArg>& in,
+                   const std::vector<KernelArg>& out) {
+  const double eps = op.Attr("eps", 1e-5);
+  const int64_t h = LastDim(*in[1].meta), rows = Rows(*in[1].meta);
+  const float* gamma = in[2].data;
+  std::vector<double> dgamma(h, 0.0), dbeta(h, 0.0), xhat(h), g(h);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dy = in[0].data + r * h;
+    const float* x = in[1].data + r * h;
+    double mean = 0, rstd = 0;
+    RowStats(x, h, eps, &mean, &rstd);
+    double mean_g = 0, mean_gx = 0;
+    for (int64_t j = 0; j < h; ++j) {
+      xhat[j] = (x[j] - mean) * rstd;
+      g[j] = static_cast<double>(dy[j]) * gamma[j];
+      mean_g += g[j];
+      mean_gx += g[j] * xhat[j];
+      dgamma[j] += static_cast<double>(dy[j]) * xhat[j];
+      dbeta[j] += dy[j];
+    }
+    mean_g /= h;
+    mean_gx /= h;
+    float* dx = out[0].data + r * h;
+    for (int64_t j = 0; j < h; ++j) dx[j] = static_cast<float>(rstd * (g[j] - mean_g - xhat[j] * mean_gx));
+  }
+  for (int64_t j = 0; j < h; ++j) {
+    out[1].data[j] = static_cast<float>(dgamma[j]);
+    out[2].data[j] = static_cast<float>(dbeta[j]);
+  }
+}
+
+/// 1/sqrt(mean(x^2) + eps) of one row.
+double RmsScale(const float* x, int64_t h, double eps) {
+  double sq = 0;
+  for (int64_t j = 0; j < h; ++j) sq += static_cast<double>(x[j]) * x[j];
+  return 1 / std::sqrt((h ? sq / h : 0) + eps);
+}
+
+/// y = x / sqrt(mean(x^2) + eps) * gamma over the last dim.
+void RmsNorm(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const double eps = op.Attr("eps", 1e-6);
+  const int64_t h = LastDim(*in[0].meta), rows = Rows(*in[0].meta);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in[0].data + r * h;
+    float* y = out[0].data + r * h;
+    const double s = RmsScale(x, h, eps);
+    for (int64_t j = 0; j < h; ++j) y[j] = static_cast<float>(x[j] * s * in[1].data[j]);
+  }
+}
+
+/// (dy, x, gamma) -> (dx, dgamma) of rms_norm.
+void RmsNormGrad(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const double eps = op.Attr("eps", 1e-6);
+  const int64_t h = LastDim(*in[1].meta), rows = Rows(*in[1].meta);
+  const float* gamma = in[2].data;
+  std::vector<double> dgamma(h, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* dy = in[0].data + r * h;
+    const float* x = in[1].data + r * h;
+    const double s = RmsScale(x, h, eps);
+    double gx = 0;  // sum of dy * gamma * x
+    for (int64_t j = 0; j < h; ++j) {
+      gx += static_cast<double>(dy[j]) * gamma[j] * x[j];
+      dgamma[j] += static_cast<double>(dy[j]) * x[j] * s;
+    }
+    const double c = s * s * s * gx / h;
+    float* dx = out[0].data + r * h;
+    for (int64_t j = 0; j < h; ++j)
+      dx[j] = static_cast<float>(s * dy[j] * gamma[j] - c * x[j]);
+  }
+  for (int64_t j = 0; j < h; ++j) out[1].data[j] = static_cast<float>(dgamma[j]);
+}
+
+// ---- softmax ---------------------------------------------------------------
+
+/// Softmax of one row of `h` values into `y` (double accumulation).
+void SoftmaxRow(const float* x, int64_t h, float* y) {
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < h; ++j) mx = std::max(mx, x[j]);
+  double sum = 0;
+  for (int64_t j = 0; j < h; ++j) sum += std::exp(static_cast<double>(x[j]) - mx);
+  for (int64_t j = 0; j < h; ++j) y[j] = static_cast<float>(std::exp(static_cast<double>(x[j]) - mx) / sum);
+}
+
+/// Softmax over the last dim.
+void Softmax(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const int64_t h = LastDim(*in[0].meta), rows = Rows(*in[0].meta);
+  for (int64_t r = 0; r < rows; ++r) SoftmaxRow(in[0].data + r * h, h, out[0].data + r * h);
+}
+
+/// dx = y * (dy - sum(dy * y)) over the last dim.
+void SoftmaxGrad(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const int64_t h = LastDim(*in[0].meta), rows = Rows(*in[0].meta);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float *dy = in[0].data + r * h, *y = in[1].data + r * h;
+    double dot = 0;
+    for (int64_t j = 0; j < h; ++j) dot += static_cast<double>(dy[j]) * y[j];
+    float* dx = out[0].data + r * h;
+    for (int64_t j = 0; j < h; ++j) dx[j] = static_cast<float>(y[j] * (dy[j] - dot));
+  }
+}
+
+// ---- attention -------------------------------------------------------------
+
+/// Sizes of an attention op: q [b, s, heads*d], k = v [b, s, kv_heads*d].
+struct AttnDims {
+  int64_t b = 0, s = 0, heads = 0, kv_heads = 0, d = 0;
+  bool causal = false;
+  double scale = 1;
+
+  /// Offset of row (batch bi, position i) head h in q (stride heads*d).
+  int64_t Q(int64_t bi, int64_t i, int64_t h) const { return (bi * s + i) * heads * d + h * d; }
+  /// Offset of row (bi, j) kv head g in k or v (stride kv_heads*d).
+  int64_t KV(int64_t bi, int64_t j, int64_t g) const { return (bi * s + j) * kv_heads * d + g * d; }
+  /// The kv head of query head h.
+  int64_t Group(int64_t h) const { return h / (heads / kv_heads); }
+};
+
+/// The sizes of attention op `op` with query tensor `q`.
+AttnDims MakeAttnDims(const Op& op, const Tensor& q) {
+  AttnDims a;
+  a.b = q.shape[0];
+  a.s = q.shape[1];
+  a.heads = static_cast<int64_t>(op.Attr("heads", 1));
+  a.kv_heads = static_cast<int64_t>(op.Attr("kv_heads", static_cast<double>(a.heads)));
+  a.d = q.shape[2] / a.heads;
+  a.causal = op.Attr("causal", 0) != 0;
+  a.scale = op.Attr("scale", 1 / std::sqrt(static_cast<double>(a.d)));
+  return a;
+}
+
+/// The probabilities P [s, s] of batch bi, query head h (masked entries 0).
+void AttentionProbs(const AttnDims& a, const float* q, const float* k, int64_t bi, int64_t h,
+                    std::vector<float>* p) {
+  const int64_t g = a.Group(h);
+  p->assign(a.s * a.s, 0.0f);
+  for (int64_t i = 0; i < a.s; ++i) {
+    const float* qi = q + a.Q(bi, i, h);
+    const int64_t visible = a.causal ? i + 1 : a.s;
+    float* row = p->data() + i * a.s;
+    for (int64_t j = 0; j < visible; ++j) {
+      const float* kj = k + a.KV(bi, j, g);
+      double dot = 0;
+      for (int64_t t = 0; t < a.d; ++t) dot += static_cast<double>(qi[t]) * kj[t];
+      row[j] = static_cast<float>(a.scale * dot);
+    }
+    SoftmaxRow(row, visible, row);
+  }
+}
+
+/// o = softmax(scale q k^T + mask) v per batch and query head.
+void Attention(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const AttnDims a = MakeAttnDims(op, *in[0].meta);
+  const float *q = in[0].data, *k = in[1].data, *v = in[2].data;
+  float* o = out[0].data;
+  std::vector<float> p;
+  std::vector<double> acc(a.d);
+  for (int64_t bi = 0; bi < a.b; ++bi)
+    for (int64_t h = 0; h < a.heads; ++h) {
+      AttentionProbs(a, q, k, bi, h, &p);
+      const int64_t g = a.Group(h);
+      for (int64_t i = 0; i < a.s; ++i) {
+        std::fill(acc.begin(), acc.end(), 0.0);
+        for (int64_t j = 0; j < a.s; ++j) {
+          const float pij = p[i * a.s + j];
+          if (pij == 0) continue;
+          const float* vj = v + a.KV(bi, j, g);
+          for (int64_t t = 0; t < a.d; ++t) acc[t] += static_cast<double>(pij) * vj[t];
+        }
+        float* oi = o + a.Q(bi, i, h);
+        for (int64_t t = 0; t < a.d; ++t) oi[t] = static_cast<float>(acc[t]);
+      }
+    }
+}
+
+/// Gradient of one (batch, query head) of attention; accumulates into dk, dv.
+void AttentionGradHead(const AttnDims& a, const std::vector<KernelArg>& in, int64_t bi, int64_t h,
+                       const std::vector<KernelArg>& out, std::vector<float>* p,
+                       std::vector<float>* ds) {
+  const float *dout = in[0].data, *q = in[1].data, *k = in[2].data, *v = in[3].data;
+  float *dq = out[0].data, *dk = out[1].data, *dv = out[2].data;
+  const int64_t g = a.Group(h);
+  AttentionProbs(a, q, k, bi, h, p);
+  ds->assign(a.s * a.s, 0.0f);
+  for (int64_t i = 0; i < a.s; ++i) {
+    const float* doi = dout + a.Q(bi, i, h);
+    double rowdot = 0;
+    for (int64_t j = 0; j < a.s; ++j) {  // dP = do v^T, kept in ds
+      const float pij = (*p)[i * a.s + j];
+      if (pij == 0) continue;
+      const float* vj = v + a.KV(bi, j, g);
+      double dot = 0;
+      for (int64_t t = 0; t < a.d; ++t) dot += static_cast<double>(doi[t]) * vj[t];
+      (*ds)[i * a.s + j] = static_cast<float>(dot);
+      rowdot += dot * pij;
+    }
+    for (int64_t j = 0; j < a.s; ++j) {  // dS = P (dP - rowsum(P dP))
+      const float pij = (*p)[i * a.s + j];
+      (*ds)[i * a.s + j] = pij == 0 ? 0.0f : static_cast<float>(pij * ((*ds)[i * a.s + j] - rowdot));
+    }
+  }
+  for (int64_t i = 0; i < a.s; ++i) {
+    float* dqi = dq + a.Q(bi, i, h);
+    const float* qi = q + a.Q(bi, i, h);
+    const float* doi = dout + a.Q(bi, i, h);
+    for (int64_t j = 0; j < a.s; ++j) {
+      const float dsij = (*ds)[i * a.s + j], pij = (*p)[i * a.s + j];
+      if (pij == 0) continue;
+      const float* kj = k + a.KV(bi, j, g);
+      float* dkj = dk + a.KV(bi, j, g);
+      float* dvj = dv + a.KV(bi, j, g);
+      const float sd = static_cast<float>(a.scale * dsij);
+      for (int64_t t = 0; t < a.d; ++t) {
+        dqi[t] += sd * kj[t];
+        dkj[t] += sd * qi[t];
+        dvj[t] += pij * doi[t];
+      }
+    }
+  }
+}
+
+/// (do, q, k, v) -> (dq, dk, dv), recomputing the probabilities.
+void AttentionGrad(const Op& op, const std::vector<KernelArg>& in,
+                   const std::vector<KernelArg>& out) {
+  const AttnDims a = MakeAttnDims(op, *in[1].meta);
+  for (const KernelArg& t : out) std::fill(t.data, t.data + Numel(t), 0.0f);
+  std::vector<float> p, ds;
+  for (int64_t bi = 0; bi < a.b; ++bi)
+    for (int64_t h = 0; h < a.heads; ++h) AttentionGradHead(a, in, bi, h, out, &p, &ds);
+}
+
+// ---- embedding and loss -----------------------------------------------------
+
+/// y[i] = table[ids[i] - row0], zero outside this rank's rows.
+void Embedding(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out,
+               const KernelContext& ctx) {
+  const Tensor& table = *in[0].meta;
+  const int64_t rows = table.shape[0], h = table.shape[1];
+  const int64_t row0 = ShardOffset(table, 0, *ctx.mesh, ctx.rank);
+  const int64_t n = Numel(in[1]);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = IdAt(in[1], i) - row0;
+    float* y = out[0].data + i * h;
+    if (r >= 0 && r < rows) {
+      std::memcpy(y, in[0].data + r * h, sizeof(float) * h);
+    } else {
+      std::fill(y, y + h, 0.0f);
+    }
+  }
+}
+
+/// dtable[v] = sum of dy[i] over ids[i] - row0 == v.
+void EmbeddingGrad(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out,
+                   const KernelContext& ctx) {
+  const Tensor& dtable = *out[0].meta;
+  const int64_t rows = dtable.shape[0], h = dtable.shape[1];
+  const int64_t row0 = ShardOffset(dtable, 0, *ctx.mesh, ctx.rank);
+  std::vector<double> acc(rows * h, 0.0);
+  const int64_t n = Numel(in[1]);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = IdAt(in[1], i) - row0;
+    if (r < 0 || r >= rows) continue;
+    const float* dy = in[0].data + i * h;
+    for (int64_t j = 0; j < h; ++j) acc[r * h + j] += dy[j];
+  }
+  for (int64_t i = 0; i < rows * h; ++i) out[0].data[i] = static_cast<float>(acc[i]);
+}
+
+/// m = max over the last dim.
+void ReduceMax(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const int64_t h = LastDim(*in[0].meta), rows = Rows(*in[0].meta);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in[0].data + r * h;
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < h; ++j) m = std::max(m, x[j]);
+    out[0].data[r] = m;
+  }
+}
+
+/// z = sum(exp(x - m)) over the last dim.
+void SumExp(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const int64_t h = LastDim(*in[0].meta), rows = Rows(*in[0].meta);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in[0].data + r * h;
+    const double m = in[1].data[r];
+    double z = 0;
+    for (int64_t j = 0; j < h; ++j) z += std::exp(x[j] - m);
+    out[0].data[r] = static_cast<float>(z);
+  }
+}
+
+/// t[i] = logits[i, labels[i] - col0], 0 outside this rank's vocab shard.
+void GatherTarget(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out,
+                  const KernelContext& ctx) {
+  const Tensor& logits = *in[0].meta;
+  const int last = static_cast<int>(logits.shape.size()) - 1;
+  const int64_t v = LastDim(logits), rows = Rows(logits);
+  const int64_t col0 = ShardOffset(logits, last, *ctx.mesh, ctx.rank);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t c = IdAt(in[1], r) - col0;
+    out[0].data[r] = c >= 0 && c < v ? in[0].data[r * v + c] : 0.0f;
+  }
+}
+
+/// loss = sum(log z + m - target) / denominator.
+void CrossEntropy(const Op& op, const std::vector<KernelArg>& in,
+                  const std::vector<KernelArg>& out) {
+  const int64_t n = Numel(in[2]);
+  const double denom = op.Attr("denominator", static_cast<double>(n));
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i)
+    sum += std::log(static_cast<double>(in[1].data[i])) + in[0].data[i] - in[2].data[i];
+  out[0].data[0] = static_cast<float>(sum / denom);
+}
+
+/// dlogits = (exp(logits - m) / z - onehot(labels - col0)) / denominator.
+void CrossEntropyGrad(const Op& op, const std::vector<KernelArg>& in,
+                      const std::vector<KernelArg>& out, const KernelContext& ctx) {
+  const Tensor& logits = *in[0].meta;
+  const int last = static_cast<int>(logits.shape.size()) - 1;
+  const int64_t v = LastDim(logits), rows = Rows(logits);
+  const double denom = op.Attr("denominator", static_cast<double>(Numel(in[3])));
+  const int64_t col0 = ShardOffset(logits, last, *ctx.mesh, ctx.rank);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = in[0].data + r * v;
+    float* dx = out[0].data + r * v;
+    const double m = in[1].data[r], z = in[2].data[r];
+    const int64_t c = IdAt(in[3], r) - col0;
+    for (int64_t j = 0; j < v; ++j)
+      dx[j] = static_cast<float>((std::exp(x[j] - m) / z - (j == c ? 1.0 : 0.0)) / denom);
+  }
+}
+
+/// One Adam step with bias correction and decoupled weight decay.
+void Adam(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const double lr = op.Attr("lr", 1e-3), b1 = op.Attr("beta1", 0.9), b2 = op.Attr("beta2", 0.999);
+  const double eps = op.Attr("eps", 1e-8), step = op.Attr("step", 1);
+  const double wd = op.Attr("weight_decay", 0);
+  const double c1 = 1 - std::pow(b1, step), c2 = 1 - std::pow(b2, step);
+  const int64_t n = Numel(in[0]);
+  for (int64_t i = 0; i < n; ++i) {
+    const double p = in[0].data[i], g = in[1].data[i];
+    const double m = b1 * in[2].data[i] + (1 - b1) * g;
+    const double v = b2 * in[3].data[i] + (1 - b2) * g * g;
+    out[0].data[i] = static_cast<float>(p - lr * (m / c1) / (std::sqrt(v / c2) + eps) - lr * wd * p);
+    out[1].data[i] = static_cast<float>(m);
+    out[2].data[i] = static_cast<float>(v);
+  }
+}
+
+// ---- data movement ----------------------------------------------------------
+
+/// Product of shape[begin:end].
+int64_t Product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= shape[i];
+  return p;
+}
+
+/// y = x[start : start + len] along attrs.axis.
+void Slice(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const Tensor& x = *in[0].meta;
+  const size_t axis = static_cast<size_t>(op.Attr("axis", 0));
+  const int64_t start = static_cast<int64_t>(op.Attr("start", 0));
+  const int64_t len = out[0].meta->shape[axis];
+  const int64_t outer = Product(x.shape, 0, axis), inner = Product(x.shape, axis + 1, x.shape.size());
+  const int64_t dim = x.shape[axis];
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(out[0].data + o * len * inner, in[0].data + (o * dim + start) * inner,
+                sizeof(float) * len * inner);
+}
+
+/// y = the inputs concatenated along attrs.axis.
+void Concat(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const Tensor& y = *out[0].meta;
+  const size_t axis = static_cast<size_t>(op.Attr("axis", 0));
+  const int64_t outer = Product(y.shape, 0, axis), inner = Product(y.shape, axis + 1, y.shape.size());
+  const int64_t ydim = y.shape[axis];
+  int64_t offset = 0;
+  for (const KernelArg& x : in) {
+    const int64_t xdim = x.meta->shape[axis];
+    for (int64_t o = 0; o < outer; ++o)
+      std::memcpy(out[0].data + (o * ydim + offset) * inner, x.data + o * xdim * inner,
+                  sizeof(float) * xdim * inner);
+    offset += xdim;
+  }
+}
+
+/// y = x in y's dtype: truncation toward zero for integer outputs, else a
+/// copy (every float dtype is stored and computed as fp32).
+void Cast(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const bool to_int = IsInteger(out[0].meta->dtype);
+  const int64_t n = Numel(in[0]);
+  for (int64_t i = 0; i < n; ++i) out[0].data[i] = to_int ? std::trunc(in[0].data[i]) : in[0].data[i];
+}
+
+/// y_i = x_i (row-major reinterpretation: a copy of the elements).
+void Identity(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  for (size_t i = 0; i < in.size(); ++i)
+    std::memcpy(out[i].data, in[i].data, sizeof(float) * Numel(in[i]));
+}
+
+/// Expected (inputs, outputs) of a compute type; -1 for "any" (checked elsewhere).
+std::pair<int, int> Arity(ComputeType t) {
+  switch (t) {
+    case ComputeType::kMatmul: case ComputeType::kAdd: case ComputeType::kMul:
+    case ComputeType::kSwiglu: case ComputeType::kRmsNorm: case ComputeType::kEmbedding:
+    case ComputeType::kSumExp: case ComputeType::kGatherTarget: case ComputeType::kGeluGrad:
+    case ComputeType::kSiluGrad: case ComputeType::kSoftmaxGrad: case ComputeType::kEmbeddingGrad:
+      return {2, 1};
+    case ComputeType::kScale: case ComputeType::kGelu: case ComputeType::kSilu:
+    case ComputeType::kSoftmax: case ComputeType::kReduceMax: case ComputeType::kSlice:
+    case ComputeType::kCast:
+      return {1, 1};
+    case ComputeType::kSwigluGrad: return {3, 2};
+    case ComputeType::kLayerNorm: return {3, 1};
+    case ComputeType::kLayerNormGrad: return {3, 3};
+    case ComputeType::kRmsNormGrad: return {3, 2};
+    case ComputeType::kAttention: return {3, 1};
+    case ComputeType::kAttentionGrad: return {4, 3};
+    case ComputeType::kCrossEntropy: return {3, 1};
+    case ComputeType::kCrossEntropyGrad: return {4, 1};
+    case ComputeType::kAdam: return {4, 3};
+    case ComputeType::kConcat: return {-1, 1};
+    case ComputeType::kIdentity: return {-1, -1};
+  }
+  return {-2, -2};  // not a known type
+}
+
+/// The attribute checks of one op.
+Status CheckAttrs(const Op& op, const std::vector<const Tensor*>& inputs) {
+  constexpr double kBig = 1e15;
+  switch (op.compute_type) {
+    case ComputeType::kMatmul:
+      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "transpose_a", false, 0, 1));
+      return CheckIntAttr(op, "transpose_b", false, 0, 1);
+    case ComputeType::kAttention:
+    case ComputeType::kAttentionGrad: {
+      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "heads", true, 1, kBig));
+      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "kv_heads", false, 1, kBig));
+      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "causal", false, 0, 1));
+      const int64_t heads = static_cast<int64_t>(op.Attr("heads", 1));
+      const int64_t kv = static_cast<int64_t>(op.Attr("kv_heads", static_cast<double>(heads)));
+      const Tensor& q = *inputs[op.compute_type == ComputeType::kAttention ? 0 : 1];
+      if (heads % kv != 0 || q.shape.size() != 3 || q.shape[2] % heads != 0)
+        return OpError(op, "heads must divide q's last dim and kv_heads must divide heads");
+      return Status::Ok();
+    }
+    case ComputeType::kSlice:
+      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "axis", true, 0, kBig));
+      return CheckIntAttr(op, "start", true, 0, kBig);
+    case ComputeType::kConcat:
+      return CheckIntAttr(op, "axis", true, 0, kBig);
+    case ComputeType::kCrossEntropy:
+    case ComputeType::kCrossEntropyGrad:
+      if (op.Attr("denominator", 1) == 0) return OpError(op, "denominator must not be 0");
+      return Status::Ok();
+    default:
+      return Status::Ok();
+  }
+}
+
+/// Ids are stored in fp32, exact below 2^24: an embedding table must have
+/// fewer rows (the initializer checks the global id ranges).
+Status CheckIdRange(const Op& op, const std::vector<const Tensor*>& inputs) {
+  constexpr int64_t kExact = int64_t{1} << 24;
+  if (op.compute_type == ComputeType::kEmbedding && inputs[0]->shape[0] >= kExact)
+    return OpError(op, "embedding tables of 2^24 or more rows are not exact with fp32 ids");
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t ShardOffset(const Tensor& tensor, int dim, const Mesh& mesh, int rank) {
+  if (tensor.sharding.empty() || tensor.sharding[dim].empty()) return 0;
+  const std::vector<int> coords = mesh.Coords(rank);
+  int64_t block = 0;
+  for (const std::string& axis : tensor.sharding[dim]) {
+    const int a = mesh.AxisIndex(axis);
+    assert(a >= 0);
+    block = block * mesh.axes[a].size + coords[a];
+  }
+  return block * tensor.shape[dim];
+}
+
+std::vector<int64_t> GlobalShape(const Tensor& tensor, const Mesh& mesh) {
+  std::vector<int64_t> shape = tensor.shape;
+  for (size_t d = 0; d < tensor.sharding.size() && d < shape.size(); ++d)
+    for (const std::string& axis : tensor.sharding[d]) {
+      const int a = mesh.AxisIndex(axis);
+      assert(a >= 0);
+      shape[d] *= mesh.axes[a].size;
+    }
+  return shape;
+}
+
+void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+Status CheckKernel(const Op& op, const std::vector<const Tensor*>& inputs,
+                   const std::vector<const Tensor*>& outputs) {
+  assert(op.kind == OpKind::kCompute);
+  const auto [nin, nout] = Arity(op.compute_type);
+  if (nin == -2) return Status::Error(OpLabel(op) + ": the runtime has no kernel for this compute type");
+  const bool in_ok = nin == -1 ? !inputs.empty() || op.compute_type == ComputeType::kIdentity
+                               : static_cast<int>(inputs.size()) == nin;
+  const bool out_ok = nout == -1 ? outputs.size() == inputs.size()
+                                 : static_cast<int>(outputs.size()) == nout;
+  if (!in_ok || !out_ok)
+    return OpError(op, "unexpected number of inputs or outputs (" + std::to_string(inputs.size()) +
+                           " -> " + std::to_string(outputs.size()) + ")");
+  for (const Tensor* t : outputs)
+    for (const Tensor* u : inputs)
+      if (t == u) return OpError(op, "tensor '" + t->name + "' is both an input and an output");
+  CONCERTO_RETURN_IF_ERROR(CheckAttrs(op, inputs));
+  return CheckIdRange(op, inputs);
+}
+
+Status RunKernel(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out,
+                 const KernelContext& ctx) {
+  switch (op.compute_type) {
+    case ComputeType::kMatmul: return Matmul(op, in, out);
+    case ComputeType::kAdd: Add(in, out); break;
+    case ComputeType::kMul: Binary(in, out, [](double x, double y) { return x * y; }); break;
+    case ComputeType::kScale: {
+      const double s = op.Attr("scale", 1);
+      Unary(in, out, [s](double x) { return x * s; });
+      break;
+    }
+    case ComputeType::kGelu: Unary(in, out, Gelu); break;
+    case ComputeType::kGeluGrad: Binary(in, out, [](double dy, double x) { return dy * GeluDeriv(x); }); break;
+    case ComputeType::kSilu: Unary(in, out, Silu); break;
+    case ComputeType::kSiluGrad: Binary(in, out, [](double dy, double x) { return dy * SiluDeriv(x); }); break;
+    case ComputeType::kSwiglu: Binary(in, out, [](double g, double up) { return Silu(g) * up; }); break;
+    case ComputeType::kSwigluGrad: SwigluGrad(in, out); break;
+    case ComputeType::kLayerNorm: LayerNorm(op, in, out); break;
+    case ComputeType::kLayerNormGrad: LayerNormGrad(op, in, out); break;
+    case ComputeType::kRmsNorm: RmsNorm(op, in, out); break;
+    case ComputeType::kRmsNormGrad: RmsNormGrad(op, in, out); break;
+    case ComputeType::kSoftmax: Softmax(in, out); break;
+    case ComputeType::kSoftmaxGrad: SoftmaxGrad(in, out); break;
+    case ComputeType::kAttention: Attention(op, in, out); break;
+    case ComputeType::kAttentionGrad: AttentionGrad(op, in, out); break;
+    case ComputeType::kEmbedding: Embedding(in, out, ctx); break;
+    case ComputeType::kEmbeddingGrad: EmbeddingGrad(in, out, ctx); break;
+    case ComputeType::kReduceMax: ReduceMax(in, out); break;
+    case ComputeType::kSumExp: SumExp(in, out); break;
+    case ComputeType::kGatherTarget: GatherTarget(in, out, ctx); break;
+    case ComputeType::kCrossEntropy: CrossEntropy(op, in, out); break;
+    case ComputeType::kCrossEntropyGrad: CrossEntropyGrad(op, in, out, ctx); break;
+    case ComputeType::kAdam: Adam(op, in, out); break;
+    case ComputeType::kSlice: Slice(op, in, out); break;
+    case ComputeType::kConcat: Concat(op, in, out); break;
+    case ComputeType::kCast: Cast(in, out); break;
+    case ComputeType::kIdentity: Identity(in, out); break;
+  }
+  return Status::Ok();
+}
+
+}  // namespace concerto
