@@ -205,6 +205,7 @@ class FakeCommunicator : public Communicator {
                     float* out, int64_t count);
   Status CheckGroup(const std::vector<int>& group, int* me) const;
   std::string Mismatch(const std::vector<int>& group, const Slot& slot) const;
+  Status GiveUp(const std::vector<int>& group, const std::string& what, bool timed_out, Slot* slot);
 
   /// "rank R: <what> on group [..] (call k on this group): <msg>".
   Status Error(const std::string& what, const std::string& msg) const {
@@ -230,6 +231,22 @@ Status FakeCommunicator::CheckGroup(const std::vector<int>& group, int* me) cons
   return Status::Ok();
 }
 
+/// Leaves an incomplete rendezvous (timeout, abort, or another member gave
+/// up) and marks it failed so that members arriving later do not read this
+/// rank's buffer. Called with the world's mutex held.
+Status FakeCommunicator::GiveUp(const std::vector<int>& group, const std::string& what,
+                                bool timed_out, Slot* slot) {
+  std::string missing;
+  for (size_t m = 0; m < group.size(); ++m)
+    if (!slot->posts[m].present) missing += (missing.empty() ? "" : ", ") + std::to_string(group[m]);
+  if (slot->failure.empty())
+    slot->failure = "rank " + std::to_string(rank_) + " gave up waiting for rank(s) [" + missing + "]";
+  s_->cv.notify_all();
+  if (timed_out) return Error(what, s_->TimedOut() + " waiting for rank(s) [" + missing + "]");
+  if (s_->aborted) return s_->AbortedError(rank_, what);
+  return Error(what, slot->failure);
+}
+
 /// Describes how the members of a complete slot disagree, or "" when they agree.
 std::string FakeCommunicator::Mismatch(const std::vector<int>& group, const Slot& slot) const {
   const Post& first = slot.posts[0];
@@ -237,8 +254,10 @@ std::string FakeCommunicator::Mismatch(const std::vector<int>& group, const Slot
     if (p.kind != first.kind || p.op != first.op || p.count != first.count) {
       std::string s = "members disagree:";
       for (size_t m = 0; m < slot.posts.size(); ++m)
-        s += (m ? "," : "") + std::string(" rank ") + std::to_string(group[m]) + " issued " +
-             Describe(slot.posts[m].kind, slot.posts[m].op, slot.posts[m].count);
+        s.append(m ? ", rank " : " rank ")
+            .append(std::to_string(group[m]))
+            .append(" issued ")
+            .append(Describe(slot.posts[m].kind, slot.posts[m].op, slot.posts[m].count));
       return s;
     }
   return "";
@@ -267,18 +286,7 @@ Status FakeCommunicator::Collective(const std::vector<int>& group, CollKind kind
   const bool complete = s_->cv.wait_until(lock, s_->Deadline(), [&] {
     return slot->arrived == n || s_->aborted || !slot->failure.empty();
   });
-  if (slot->arrived < n) {
-    // Give up; members that arrive later must not read this rank's buffer.
-    std::string missing;
-    for (int m = 0; m < n; ++m)
-      if (!slot->posts[m].present) missing += (missing.empty() ? "" : ", ") + std::to_string(group[m]);
-    if (slot->failure.empty())
-      slot->failure = "rank " + std::to_string(rank_) + " gave up waiting for rank(s) [" + missing + "]";
-    s_->cv.notify_all();
-    if (!complete) return Error(what, s_->TimedOut() + " waiting for rank(s) [" + missing + "]");
-    if (s_->aborted) return s_->AbortedError(rank_, what);
-    return Error(what, slot->failure);
-  }
+  if (slot->arrived < n) return GiveUp(group, what, !complete, slot.get());
   const std::string mismatch = Mismatch(group, *slot);
   std::vector<float> result;
   if (mismatch.empty()) {

@@ -25,6 +25,7 @@ int64_t Rows(const Tensor& t) {
   const int64_t last = LastDim(t);
   return last == 0 ? 0 : t.NumElements() / last;
 }
+/// Whether `d` is an integer dtype (ids, labels).
 bool IsInteger(DType d) { return d == DType::kI32 || d == DType::kI64; }
 
 /// "op N 'name': <type>: <what>".
@@ -91,13 +92,18 @@ Status Matmul(const Op& op, const std::vector<KernelArg>& in, const std::vector<
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2/pi)
 constexpr double kGeluA = 0.044715;
 
+/// gelu with the tanh approximation.
 double Gelu(double x) { return 0.5 * x * (1 + std::tanh(kGeluC * (x + kGeluA * x * x * x))); }
+/// d gelu / dx.
 double GeluDeriv(double x) {
   const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kGeluC * (1 + 3 * kGeluA * x * x);
 }
+/// 1 / (1 + exp(-x)).
 double Sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
+/// x sigmoid(x).
 double Silu(double x) { return x * Sigmoid(x); }
+/// d silu / dx.
 double SiluDeriv(double x) {
   const double s = Sigmoid(x);
   return s * (1 + x * (1 - s));

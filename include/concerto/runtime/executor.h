@@ -6,7 +6,6 @@
 // Chrome trace) works on measured runs. docs/runtime.md.
 #pragma once
 
-#include <chrono>
 #include <map>
 #include <string>
 #include <vector>
@@ -25,6 +24,10 @@ struct RunOptions {
   double timeout_s = 30;
   /// OpenBLAS threads per process (RunInProcess: shared by all ranks).
   int blas_threads = 1;
+  /// Fault injection for tests: the op named `fail_op` on rank `fail_rank`
+  /// fails ("injected failure") instead of running.
+  std::string fail_op;
+  int fail_rank = -1;
 };
 
 /// One rank's tensors after the step (fp32, by tensor name).
@@ -58,12 +61,13 @@ struct RunResult {
 Status CheckRunnable(const ScheduledProgram& sp);
 
 /// Executes the ops of `comm.rank()`'s role: initialises its graph inputs,
-/// runs one thread per stream, returns its timeline records (relative to
-/// `epoch`) and its tensors. On an op failure it aborts the communicator
-/// and returns "rank R: op N 'name': ..." naming the op. Call CheckRunnable
-/// first (RunInProcess does).
-Result<RankRun> RunRank(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options,
-                        std::chrono::steady_clock::time_point epoch);
+/// meets every other rank in a barrier (an all_reduce over the whole world;
+/// time zero of its records is the moment it leaves it), runs one thread per
+/// stream, and returns its timeline records and its tensors. On an op
+/// failure it aborts the communicator and returns "rank R: op N 'name': ..."
+/// naming the op. Call CheckRunnable first (RunInProcess does). An MPI
+/// launcher calls this once per process with its MPI communicator.
+Result<RankRun> RunRank(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options);
 
 /// Runs every rank of `sp` in this process, one thread group per rank over a
 /// FakeWorld. Refuses a program or schedule that CheckRunnable rejects.

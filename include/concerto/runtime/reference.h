@@ -18,10 +18,10 @@ struct Tolerance {
   /// |loss - ref| <= loss_rel * max(1, |ref|).
   double loss_rel = 1e-5;
   /// Per gradient tensor: max |g - ref| <= grad_rel * max |ref|.
-  double grad_rel = 1e-3;
+  double grad_rel = 1e-4;
   /// Per updated parameter: max |p - ref| <= param_abs. (One Adam step moves
   /// each element by about lr = 1e-4; a flipped update differs by 2 lr.)
-  double param_abs = 2e-5;
+  double param_abs = 5e-5;
 };
 
 /// One compared tensor.

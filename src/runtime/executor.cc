@@ -1,0 +1,473 @@
+// The executor: per rank one thread per stream, ops in schedule order,
+// cross-stream (and same-stream) dependencies as waits on per-op completion
+// flags, collectives and send/recv through a Communicator, every op's
+// measured start and end recorded into the simulator's Timeline type.
+#include "concerto/runtime/executor.h"
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "concerto/ir/graph_index.h"
+#include "concerto/ir/verifier.h"
+#include "concerto/runtime/kernels.h"
+
+namespace concerto {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+/// Product of shape[begin:end].
+int64_t Product(const std::vector<int64_t>& shape, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end; ++i) p *= shape[i];
+  return p;
+}
+
+/// How one input/output pair of a gather-like collective splits: the pair
+/// differs on dimension d; `outer` = product of the dims before d, `inner`
+/// the dims after it, `len` the smaller tensor's size along d.
+struct SplitDims {
+  int64_t outer = 1, len = 0, inner = 1;
+};
+
+/// SplitDims of `small` (the per-member block) inside `big` (n blocks along
+/// the first dimension where the shapes differ; dim 0 when they are equal).
+SplitDims BlockDims(const Tensor& small, const Tensor& big) {
+  size_t d = 0;
+  while (d < small.shape.size() && small.shape[d] == big.shape[d]) ++d;
+  if (d == small.shape.size()) d = 0;
+  SplitDims s;
+  if (small.shape.empty()) {
+    s.len = 1;
+    return s;
+  }
+  s.outer = Product(small.shape, 0, d);
+  s.len = small.shape[d];
+  s.inner = Product(small.shape, d + 1, small.shape.size());
+  return s;
+}
+
+/// One rank's run of its role's graph under the schedule.
+class RankExecutor {
+ public:
+  RankExecutor(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options)
+      : sp_(sp), mesh_(sp.program.mesh), comm_(comm), options_(options), rank_(comm.rank()) {}
+
+  /// Prepares, runs every stream thread, and collects the results.
+  Result<RankRun> Run() {
+    Status prepared = Prepare();
+    if (!prepared.ok()) {
+      Fail(prepared);
+      return prepared;
+    }
+    Status synced = StartTogether();
+    if (!synced.ok()) return synced;
+    std::vector<std::thread> threads;
+    for (size_t s = 0; s < stream_ops_.size(); ++s) threads.emplace_back([this, s] { StreamLoop(s); });
+    for (std::thread& t : threads) t.join();
+    if (failed_) return Status::Error(error_);
+    RankRun run;
+    for (const OpRecord& r : records_) run.records.push_back(r);
+    run.tensors.rank = rank_;
+    run.tensors.role = role_->name;
+    for (size_t t = 0; t < graph_->tensors.size(); ++t)
+      run.tensors.values.emplace(graph_->tensors[t].name, std::move(buffers_[t]));
+    return run;
+  }
+
+ private:
+  /// A barrier over every rank of the world, then time zero of this rank's
+  /// records: all ranks start their streams (and their clocks) together.
+  Status StartTogether() {
+    std::vector<int> world(comm_.size());
+    for (int r = 0; r < comm_.size(); ++r) world[r] = r;
+    float token = 0;
+    Status st = comm_.AllReduce(world, ReduceOp::kSum, &token, &token, 1);
+    if (!st.ok()) return Status::Error("start barrier: " + st.message());
+    epoch_ = Clock::now();
+    return Status::Ok();
+  }
+
+  /// Resolves role, graph, schedule; allocates and initialises tensors.
+  Status Prepare() {
+    const Program& p = sp_.program;
+    const int role_index = p.RoleOfRank(rank_);
+    if (role_index < 0) return Status::Error("rank " + std::to_string(rank_) + " has no role");
+    role_ = &p.roles[role_index];
+    graph_ = &p.GraphOf(*role_);
+    index_ = GraphIndex::Build(*graph_);
+    const RoleSchedule* schedule = sp_.schedule.ForRole(role_->name);
+    if (!schedule) return Status::Error("role '" + role_->name + "' has no schedule");
+    stream_ops_.assign(graph_->streams.size(), {});
+    for (const StreamOrder& order : schedule->streams) {
+      auto it = std::find(graph_->streams.begin(), graph_->streams.end(), order.stream);
+      assert(it != graph_->streams.end());
+      auto& ops = stream_ops_[it - graph_->streams.begin()];
+      for (int id : order.op_ids) ops.push_back(index_.op.at(id));
+    }
+    done_.assign(graph_->ops.size(), 0);
+    records_.assign(graph_->ops.size(), OpRecord());
+    return AllocateAndInit();
+  }
+
+  /// One fp32 buffer per tensor; graph inputs filled by the initializer.
+  Status AllocateAndInit() {
+    buffers_.resize(graph_->tensors.size());
+    for (size_t t = 0; t < graph_->tensors.size(); ++t) {
+      buffers_[t].assign(graph_->tensors[t].NumElements(), 0.0f);
+      if (index_.producer[t] >= 0) continue;
+      CONCERTO_RETURN_IF_ERROR(FillGraphInput(*graph_, index_, static_cast<int>(t), mesh_, rank_,
+                                              options_.init, buffers_[t].data()));
+    }
+    return Status::Ok();
+  }
+
+  /// Runs the ops of stream `s` in schedule order until done or failed.
+  void StreamLoop(size_t s) {
+    for (int op_index : stream_ops_[s]) {
+      if (!WaitForPreds(op_index)) return;
+      const Op& op = graph_->ops[op_index];
+      const double start = Micros();
+      Status st = Execute(op);
+      const double end = Micros();
+      if (!st.ok()) {
+        Fail(Status::Error("rank " + std::to_string(rank_) + ": " + OpLabel(op) + ": " + st.message()));
+        return;
+      }
+      records_[op_index] = OpRecord{rank_, op_index, static_cast<int>(s), start, end};
+      std::lock_guard<std::mutex> lock(mu_);
+      done_[op_index] = 1;
+      cv_.notify_all();
+    }
+  }
+
+  /// Microseconds since the epoch.
+  double Micros() const {
+    return std::chrono::duration<double, std::micro>(Clock::now() - epoch_).count();
+  }
+
+  /// Blocks until every predecessor of `op_index` is done; false on failure
+  /// or abort anywhere in the job.
+  bool WaitForPreds(int op_index) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const std::vector<int>& preds = index_.preds[op_index];
+    while (true) {
+      if (failed_) return false;
+      const bool ready =
+          std::all_of(preds.begin(), preds.end(), [&](int p) { return done_[p] != 0; });
+      if (ready) return true;
+      if (comm_.aborted()) return false;
+      cv_.wait_for(lock, std::chrono::milliseconds(50));
+    }
+  }
+
+  /// Records the first failure and aborts the job.
+  void Fail(const Status& st) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failed_) error_ = st.message();
+      failed_ = true;
+      cv_.notify_all();
+    }
+    comm_.Abort(st.message());
+  }
+
+  /// The buffer of tensor `name`.
+  std::vector<float>& Buffer(const std::string& name) { return buffers_[index_.tensor.at(name)]; }
+  /// The IR description of tensor `name`.
+  const Tensor& Meta(const std::string& name) const {
+    return graph_->tensors[index_.tensor.at(name)];
+  }
+
+  /// Runs one op of any kind.
+  Status Execute(const Op& op) {
+    if (rank_ == options_.fail_rank && op.name == options_.fail_op)
+      return Status::Error("injected failure");
+    switch (op.kind) {
+      case OpKind::kCompute: return ExecCompute(op);
+      case OpKind::kCopy: return ExecCopy(op);
+      case OpKind::kCollective: return ExecCollective(op);
+      case OpKind::kSend: return ExecSend(op);
+      case OpKind::kRecv: return ExecRecv(op);
+    }
+    return Status::Error("unknown op kind");
+  }
+
+  /// A compute op through its kernel.
+  Status ExecCompute(const Op& op) {
+    std::vector<KernelArg> in, out;
+    for (const std::string& t : op.inputs) in.push_back({&Meta(t), Buffer(t).data()});
+    for (const std::string& t : op.outputs) out.push_back({&Meta(t), Buffer(t).data()});
+    return RunKernel(op, in, out, KernelContext{&mesh_, rank_});
+  }
+
+  /// A copy op: output i = input i.
+  Status ExecCopy(const Op& op) {
+    for (size_t i = 0; i < op.inputs.size(); ++i) Buffer(op.outputs[i]) = Buffer(op.inputs[i]);
+    return Status::Ok();
+  }
+
+  /// The inputs of `op` concatenated (flattened) into one buffer.
+  std::vector<float> PackInputs(const Op& op) {
+    std::vector<float> buf;
+    for (const std::string& t : op.inputs) {
+      const std::vector<float>& b = Buffer(t);
+      buf.insert(buf.end(), b.begin(), b.end());
+    }
+    return buf;
+  }
+  /// Splits `buf` into the outputs of `op` in order.
+  void UnpackOutputs(const Op& op, const std::vector<float>& buf) {
+    size_t offset = 0;
+    for (const std::string& t : op.outputs) {
+      std::vector<float>& b = Buffer(t);
+      std::memcpy(b.data(), buf.data() + offset, sizeof(float) * b.size());
+      offset += b.size();
+    }
+  }
+
+  /// A (possibly fused) collective over the op's group as seen from this rank.
+  Status ExecCollective(const Op& op) {
+    const std::vector<int> group = GroupRanks(mesh_, op.group, rank_);
+    switch (op.collective) {
+      case CollectiveType::kAllReduce:
+      case CollectiveType::kBroadcast: return FlatCollective(op, group);
+      case CollectiveType::kAllGather: return AllGather(op, group);
+      case CollectiveType::kReduceScatter: return ReduceScatter(op, group);
+      case CollectiveType::kAllToAll: return AllToAll(op, group);
+    }
+    return Status::Error("unknown collective");
+  }
+
+  /// all_reduce / broadcast: elementwise over the flattened pairs.
+  Status FlatCollective(const Op& op, const std::vector<int>& group) {
+    const bool reduce = op.collective == CollectiveType::kAllReduce;
+    if (op.inputs.size() == 1) {  // no packing needed
+      const std::vector<float>& in = Buffer(op.inputs[0]);
+      float* out = Buffer(op.outputs[0]).data();
+      const int64_t n = static_cast<int64_t>(in.size());
+      return reduce ? comm_.AllReduce(group, op.reduce, in.data(), out, n)
+                    : comm_.Broadcast(group, in.data(), out, n);
+    }
+    std::vector<float> buf = PackInputs(op);
+    const int64_t n = static_cast<int64_t>(buf.size());
+    CONCERTO_RETURN_IF_ERROR(reduce ? comm_.AllReduce(group, op.reduce, buf.data(), buf.data(), n)
+                                    : comm_.Broadcast(group, buf.data(), buf.data(), n));
+    UnpackOutputs(op, buf);
+    return Status::Ok();
+  }
+
+  /// all_gather: one flat gather of the concatenated inputs, then each
+  /// output assembled from the members' blocks along its gathered dim.
+  Status AllGather(const Op& op, const std::vector<int>& group) {
+    const int64_t n = static_cast<int64_t>(group.size());
+    std::vector<float> send = PackInputs(op);
+    const int64_t block = static_cast<int64_t>(send.size());
+    std::vector<float> recv(block * n);
+    CONCERTO_RETURN_IF_ERROR(comm_.AllGather(group, send.data(), recv.data(), block));
+    int64_t offset = 0;
+    for (size_t p = 0; p < op.inputs.size(); ++p) {
+      const SplitDims s = BlockDims(Meta(op.inputs[p]), Meta(op.outputs[p]));
+      float* out = Buffer(op.outputs[p]).data();
+      const int64_t run = s.len * s.inner;
+      for (int64_t a = 0; a < s.outer; ++a)
+        for (int64_t m = 0; m < n; ++m)
+          std::memcpy(out + (a * n + m) * run, recv.data() + m * block + offset + a * run,
+                      sizeof(float) * run);
+      offset += s.outer * run;
+    }
+    return Status::Ok();
+  }
+
+  /// reduce_scatter: inputs rearranged so member m's blocks of every pair
+  /// are contiguous, one flat reduce-scatter, then split per pair.
+  Status ReduceScatter(const Op& op, const std::vector<int>& group) {
+    const int64_t n = static_cast<int64_t>(group.size());
+    int64_t block = 0;
+    for (const std::string& t : op.outputs) block += Meta(t).NumElements();
+    std::vector<float> send(block * n), recv(block);
+    int64_t offset = 0;
+    for (size_t p = 0; p < op.inputs.size(); ++p) {
+      const SplitDims s = BlockDims(Meta(op.outputs[p]), Meta(op.inputs[p]));
+      const float* in = Buffer(op.inputs[p]).data();
+      const int64_t run = s.len * s.inner;
+      for (int64_t m = 0; m < n; ++m)
+        for (int64_t a = 0; a < s.outer; ++a)
+          std::memcpy(send.data() + m * block + offset + a * run, in + (a * n + m) * run,
+                      sizeof(float) * run);
+      offset += s.outer * run;
+    }
+    CONCERTO_RETURN_IF_ERROR(comm_.ReduceScatter(group, op.reduce, send.data(), recv.data(), block));
+    UnpackOutputs(op, recv);
+    return Status::Ok();
+  }
+
+  /// all_to_all: chunk j of every pair goes to member j; out = the chunks
+  /// from members 0..n-1 in order, per pair.
+  Status AllToAll(const Op& op, const std::vector<int>& group) {
+    const int64_t n = static_cast<int64_t>(group.size());
+    int64_t chunk = 0;  // per member, all pairs
+    for (const std::string& t : op.inputs) chunk += Meta(t).NumElements() / n;
+    std::vector<float> send(chunk * n), recv(chunk * n);
+    int64_t offset = 0;
+    for (const std::string& t : op.inputs) {
+      const int64_t c = Meta(t).NumElements() / n;
+      const float* in = Buffer(t).data();
+      for (int64_t j = 0; j < n; ++j)
+        std::memcpy(send.data() + j * chunk + offset, in + j * c, sizeof(float) * c);
+      offset += c;
+    }
+    CONCERTO_RETURN_IF_ERROR(comm_.AllToAll(group, send.data(), recv.data(), chunk));
+    offset = 0;
+    for (const std::string& t : op.outputs) {
+      const int64_t c = Meta(t).NumElements() / n;
+      float* out = Buffer(t).data();
+      for (int64_t m = 0; m < n; ++m)
+        std::memcpy(out + m * c, recv.data() + m * chunk + offset, sizeof(float) * c);
+      offset += c;
+    }
+    return Status::Ok();
+  }
+
+  /// A send of the op's inputs (concatenated) to its peer.
+  Status ExecSend(const Op& op) {
+    const int peer = PeerRank(mesh_, op.peer, rank_);
+    if (op.inputs.size() == 1) {
+      const std::vector<float>& b = Buffer(op.inputs[0]);
+      return comm_.Send(b.data(), static_cast<int64_t>(b.size()), peer, op.tag);
+    }
+    std::vector<float> buf = PackInputs(op);
+    return comm_.Send(buf.data(), static_cast<int64_t>(buf.size()), peer, op.tag);
+  }
+
+  /// A recv from the op's peer, split into its outputs.
+  Status ExecRecv(const Op& op) {
+    const int peer = PeerRank(mesh_, op.peer, rank_);
+    int64_t total = 0;
+    for (const std::string& t : op.outputs) total += Meta(t).NumElements();
+    if (op.outputs.size() == 1)
+      return comm_.Recv(Buffer(op.outputs[0]).data(), total, peer, op.tag);
+    std::vector<float> buf(total);
+    CONCERTO_RETURN_IF_ERROR(comm_.Recv(buf.data(), total, peer, op.tag));
+    UnpackOutputs(op, buf);
+    return Status::Ok();
+  }
+
+  const ScheduledProgram& sp_;
+  const Mesh& mesh_;
+  Communicator& comm_;
+  const RunOptions& options_;
+  Clock::time_point epoch_;
+  int rank_;
+  const Role* role_ = nullptr;
+  const Graph* graph_ = nullptr;
+  GraphIndex index_;
+  std::vector<std::vector<int>> stream_ops_;  // per graph stream: op indices in order
+  std::vector<std::vector<float>> buffers_;   // per tensor index
+  std::vector<OpRecord> records_;             // per op index
+  std::vector<char> done_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool failed_ = false;
+  std::string error_;
+};
+
+/// The first `limit` lines of `lines`, joined, with a count of the rest.
+std::string JoinLines(const std::vector<std::string>& lines, size_t limit) {
+  std::string s;
+  for (size_t i = 0; i < lines.size() && i < limit; ++i) s += "\n  " + lines[i];
+  if (lines.size() > limit) s += "\n  (" + std::to_string(lines.size() - limit) + " more)";
+  return s;
+}
+
+}  // namespace
+
+const std::vector<float>* RankTensors::Find(const std::string& name) const {
+  auto it = values.find(name);
+  return it == values.end() ? nullptr : &it->second;
+}
+
+const RankTensors& RunResult::Rank(int rank) const {
+  assert(rank >= 0 && rank < static_cast<int>(ranks.size()));
+  return ranks[rank];
+}
+
+Status CheckRunnable(const ScheduledProgram& sp) {
+  CONCERTO_RETURN_IF_ERROR(CheckProgram(sp.program, "program '" + sp.program.name + "'"));
+  const std::vector<std::string> violations = VerifySchedule(sp.program, sp.schedule);
+  if (!violations.empty())
+    return Status::Error("schedule '" + sp.schedule.scheduler + "' is refused: it fails verification:" +
+                         JoinLines(violations, 10));
+  std::vector<std::string> unsupported;
+  for (const Graph& g : sp.program.graphs) {
+    const GraphIndex index = GraphIndex::Build(g);
+    for (const Op& op : g.ops) {
+      if (op.kind != OpKind::kCompute) continue;
+      std::vector<const Tensor*> in, out;
+      for (const std::string& t : op.inputs) in.push_back(&g.tensors[index.tensor.at(t)]);
+      for (const std::string& t : op.outputs) out.push_back(&g.tensors[index.tensor.at(t)]);
+      Status st = CheckKernel(op, in, out);
+      if (!st.ok()) unsupported.push_back("graph '" + g.name + "': " + st.message());
+    }
+  }
+  if (!unsupported.empty())
+    return Status::Error("the runtime cannot execute " + std::to_string(unsupported.size()) +
+                         " op(s):" + JoinLines(unsupported, 10));
+  return Status::Ok();
+}
+
+Result<RankRun> RunRank(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options) {
+  return RankExecutor(sp, comm, options).Run();
+}
+
+Timeline MakeMeasuredTimeline(const Program& program,
+                              const std::vector<std::vector<OpRecord>>& per_rank) {
+  Timeline tl;
+  tl.representative = false;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    tl.ranks.push_back(static_cast<int>(r));
+    const Graph& g = program.GraphOf(program.roles[program.RoleOfRank(static_cast<int>(r))]);
+    std::vector<double> busy(g.streams.size(), 0.0);
+    for (const OpRecord& rec : per_rank[r]) {
+      tl.records.push_back(rec);
+      tl.makespan_us = std::max(tl.makespan_us, rec.end_us);
+      busy[rec.stream] += rec.end_us - rec.start_us;
+    }
+    for (size_t s = 0; s < g.streams.size(); ++s)
+      tl.busy.push_back({static_cast<int>(r), g.streams[s], busy[s]});
+  }
+  return tl;
+}
+
+Result<RunResult> RunInProcess(const ScheduledProgram& sp, const RunOptions& options) {
+  CONCERTO_RETURN_IF_ERROR(CheckRunnable(sp));
+  SetBlasThreads(options.blas_threads);
+  const int n = sp.program.mesh.NumRanks();
+  FakeWorldOptions world_options;
+  world_options.timeout_s = options.timeout_s;
+  FakeWorld world(n, world_options);
+  std::vector<Result<RankRun>> results(n, Status::Error("rank did not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] { results[r] = RunRank(sp, world.endpoint(r), options); });
+  for (std::thread& t : threads) t.join();
+  const std::string reason = world.abort_reason();
+  if (!reason.empty()) return Status::Error(reason);
+  RunResult out;
+  std::vector<std::vector<OpRecord>> records(n);
+  for (int r = 0; r < n; ++r) {
+    if (!results[r].ok()) return results[r].status();
+    records[r] = std::move(results[r].value().records);
+    out.ranks.push_back(std::move(results[r].value().tensors));
+  }
+  out.timeline = MakeMeasuredTimeline(sp.program, records);
+  return out;
+}
+
+}  // namespace concerto

@@ -1,0 +1,202 @@
+// Deterministic graph-input initialisation keyed on global identity: a
+// value is a hash of (seed, InitKey(tensor name), logical global index), so
+// a shard holds exactly the slice of the global tensor its sharding spec
+// (and any SegmentedLayout) names.
+#include "concerto/runtime/init.h"
+
+#include <algorithm>
+#include <cassert>
+#include <limits>
+
+#include "concerto/runtime/kernels.h"
+
+namespace concerto {
+
+namespace {
+
+/// SplitMix64 finaliser: a well-mixed 64-bit hash of `x`.
+uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+/// FNV-1a of `s` (stable across platforms, unlike std::hash).
+uint64_t HashString(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ULL;
+  return h;
+}
+
+/// Uniform in [0, 1) from a tensor's base hash and an element index.
+double Uniform01(uint64_t base, int64_t index) {
+  return static_cast<double>(Mix(base ^ Mix(static_cast<uint64_t>(index))) >> 11) * 0x1.0p-53;
+}
+
+/// Whether `s` ends with `suffix`.
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// `key` without a trailing micro-batch suffix ".mbK".
+std::string WithoutMicrobatch(const std::string& key) {
+  const size_t dot = key.rfind(".mb");
+  if (dot == std::string::npos || dot + 3 == key.size()) return key;
+  for (size_t i = dot + 3; i < key.size(); ++i)
+    if (key[i] < '0' || key[i] > '9') return key;
+  return key.substr(0, dot);
+}
+
+/// The layout that applies to `tensor`, or nullptr.
+const SegmentedLayout* FindLayout(const Tensor& tensor, const std::vector<SegmentedLayout>& layouts) {
+  const std::string key = InitKey(tensor.name);
+  for (const SegmentedLayout& l : layouts)
+    if (EndsWith(key, l.name_suffix)) return &l;
+  return nullptr;
+}
+
+/// Per local coordinate of dimension `dim`, the logical global coordinate
+/// under `layout` (rank block `block` of `blocks`).
+Result<std::vector<int64_t>> SegmentedMap(const Tensor& tensor, const SegmentedLayout& layout,
+                                          int64_t global, int64_t block, int64_t blocks) {
+  const int64_t local = tensor.shape[layout.dim];
+  int64_t total = 0, local_total = 0;
+  for (int64_t s : layout.segments) {
+    total += s;
+    if (s % blocks != 0) break;
+    local_total += s / blocks;
+  }
+  if (total != global || local_total != local)
+    return Status::Error("tensor '" + tensor.name + "': segmented layout '" + layout.name_suffix +
+                         "' does not fit dim " + std::to_string(layout.dim) + " (global " +
+                         std::to_string(global) + ", " + std::to_string(blocks) + " blocks)");
+  std::vector<int64_t> map;
+  int64_t global_start = 0;
+  for (int64_t s : layout.segments) {
+    const int64_t part = s / blocks;
+    for (int64_t o = 0; o < part; ++o) map.push_back(global_start + block * part + o);
+    global_start += s;
+  }
+  return map;
+}
+
+/// The smallest id range the consumers of integer tensor `ti` imply, or 0.
+int64_t IdRange(const Graph& graph, const GraphIndex& index, int ti, const Mesh& mesh) {
+  const std::string& name = graph.tensors[ti].name;
+  int64_t range = 0;
+  auto consider = [&](int64_t r) { range = range == 0 ? r : std::min(range, r); };
+  auto global_of = [&](const std::string& t) {
+    return GlobalShape(graph.tensors[index.tensor.at(t)], mesh);
+  };
+  for (int c : index.consumers[ti]) {
+    const Op& op = graph.ops[c];
+    if (op.kind != OpKind::kCompute) continue;
+    for (size_t p = 0; p < op.inputs.size(); ++p) {
+      if (op.inputs[p] != name) continue;
+      switch (op.compute_type) {
+        case ComputeType::kEmbedding:
+          if (p == 1) consider(global_of(op.inputs[0]).at(0));
+          break;
+        case ComputeType::kEmbeddingGrad:
+          if (p == 1) consider(global_of(op.outputs[0]).at(0));
+          break;
+        case ComputeType::kGatherTarget:
+          if (p == 1) consider(global_of(op.inputs[0]).back());
+          break;
+        case ComputeType::kCrossEntropyGrad:
+          if (p == 3) consider(global_of(op.inputs[0]).back());
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  return range;
+}
+
+/// The value of a float input at logical global index `g`.
+float FloatValue(const std::string& key, uint64_t base, int64_t g) {
+  if (EndsWith(key, ".adam_m") || EndsWith(key, ".adam_v")) return 0.0f;
+  const double u = 2 * Uniform01(base, g) - 1;
+  if (EndsWith(key, ".gamma")) return static_cast<float>(1 + 0.1 * u);
+  if (EndsWith(key, ".beta")) return static_cast<float>(0.1 * u);
+  return static_cast<float>(0.05 * u);
+}
+
+}  // namespace
+
+std::string InitKey(const std::string& tensor_name) {
+  const std::string shard = ".shard";
+  return EndsWith(tensor_name, shard) ? tensor_name.substr(0, tensor_name.size() - shard.size())
+                                      : tensor_name;
+}
+
+Result<std::vector<int64_t>> LogicalGlobalIndices(const Tensor& tensor, const Mesh& mesh, int rank,
+                                                  const std::vector<SegmentedLayout>& layouts) {
+  const std::vector<int64_t> global = GlobalShape(tensor, mesh);
+  const size_t rank_dims = tensor.shape.size();
+  const int64_t n = tensor.NumElements();
+  if (n == 0) return std::vector<int64_t>();
+  // Per dimension, local coordinate -> logical global coordinate.
+  std::vector<std::vector<int64_t>> maps(rank_dims);
+  const SegmentedLayout* layout = FindLayout(tensor, layouts);
+  if (layout && (layout->dim < 0 || layout->dim >= static_cast<int>(rank_dims)))
+    return Status::Error("tensor '" + tensor.name + "': segmented layout dim out of range");
+  for (size_t d = 0; d < rank_dims; ++d) {
+    const int64_t offset = ShardOffset(tensor, static_cast<int>(d), mesh, rank);
+    if (layout && layout->dim == static_cast<int>(d)) {
+      const int64_t blocks = global[d] / tensor.shape[d];
+      Result<std::vector<int64_t>> m =
+          SegmentedMap(tensor, *layout, global[d], offset / tensor.shape[d], blocks);
+      if (!m.ok()) return m.status();
+      maps[d] = std::move(m).value();
+      continue;
+    }
+    for (int64_t l = 0; l < tensor.shape[d]; ++l) maps[d].push_back(offset + l);
+  }
+  std::vector<int64_t> stride(rank_dims, 1);
+  for (size_t d = rank_dims; d-- > 1;) stride[d - 1] = stride[d] * global[d];
+  std::vector<int64_t> out(n);
+  std::vector<int64_t> coord(rank_dims, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t g = 0;
+    for (size_t d = 0; d < rank_dims; ++d) g += maps[d][coord[d]] * stride[d];
+    out[i] = g;
+    for (size_t d = rank_dims; d-- > 0;) {  // odometer, last dim fastest
+      if (++coord[d] < tensor.shape[d]) break;
+      coord[d] = 0;
+    }
+  }
+  return out;
+}
+
+Status FillGraphInput(const Graph& graph, const GraphIndex& index, int tensor_index,
+                      const Mesh& mesh, int rank, const InitOptions& options, float* out) {
+  const Tensor& t = graph.tensors[tensor_index];
+  const std::string key = InitKey(t.name);
+  Result<std::vector<int64_t>> indices = LogicalGlobalIndices(t, mesh, rank, options.layouts);
+  if (!indices.ok()) return indices.status();
+  const std::vector<int64_t>& g = indices.value();
+  const uint64_t base = Mix(options.seed) ^ HashString(key);
+  if (t.dtype != DType::kI32 && t.dtype != DType::kI64) {
+    for (size_t i = 0; i < g.size(); ++i) out[i] = FloatValue(key, base, g[i]);
+    return Status::Ok();
+  }
+  if (WithoutMicrobatch(key) == "positions") {
+    const int64_t last = t.shape.empty() ? 1 : GlobalShape(t, mesh).back();
+    for (size_t i = 0; i < g.size(); ++i) out[i] = static_cast<float>(g[i] % last);
+    return Status::Ok();
+  }
+  const int64_t range = IdRange(graph, index, tensor_index, mesh);
+  if (range <= 0 || range >= (int64_t{1} << 24))
+    return Status::Error("graph '" + graph.name + "': tensor '" + t.name +
+                         "': cannot initialise integer input: no embedding, embedding_grad, "
+                         "gather_target or cross_entropy_grad consumer gives an id range below 2^24");
+  for (size_t i = 0; i < g.size(); ++i)
+    out[i] = static_cast<float>(std::min<int64_t>(
+        range - 1, static_cast<int64_t>(Uniform01(base, g[i]) * static_cast<double>(range))));
+  return Status::Ok();
+}
+
+}  // namespace concerto

@@ -1,0 +1,455 @@
+// The runtime's fp32 kernels (src/runtime/kernels.cc) against docs/ir.md:
+// every backward op is checked against central finite differences of its
+// forward op on tiny shapes; forward ops against direct formulas; the ops
+// whose result depends on the rank's shard (embedding, gather_target,
+// cross_entropy_grad) on a sharded rank.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "concerto/runtime/kernels.h"
+
+namespace concerto {
+namespace {
+
+using Values = std::vector<std::vector<float>>;
+
+/// A tensor description for a kernel argument.
+Tensor T(const std::string& name, std::vector<int64_t> shape, DType dtype = DType::kF32,
+         std::vector<std::vector<std::string>> sharding = {}) {
+  Tensor t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.dtype = dtype;
+  t.sharding = std::move(sharding);
+  return t;
+}
+
+/// A compute op of `type` with `attrs` over tensors named in0.., out0...
+Op MakeOp(ComputeType type, size_t nin, size_t nout, std::map<std::string, double> attrs = {}) {
+  Op op;
+  op.name = std::string(ToString(type));
+  op.kind = OpKind::kCompute;
+  op.compute_type = type;
+  op.attrs = std::move(attrs);
+  for (size_t i = 0; i < nin; ++i) op.inputs.push_back("in" + std::to_string(i));
+  for (size_t i = 0; i < nout; ++i) op.outputs.push_back("out" + std::to_string(i));
+  return op;
+}
+
+/// Uniform values in [lo, hi) from a fixed seed.
+std::vector<float> Random(int64_t n, unsigned seed, float lo = -1, float hi = 1) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+/// Runs `op` on (ins, in_values) into fresh outputs; fails the test on error.
+Values Exec(const Op& op, const std::vector<Tensor>& ins, Values in_values,
+           const std::vector<Tensor>& outs, const Mesh& mesh = {}, int rank = 0) {
+  std::vector<const Tensor*> in_meta, out_meta;
+  for (const Tensor& t : ins) in_meta.push_back(&t);
+  for (const Tensor& t : outs) out_meta.push_back(&t);
+  Status check = CheckKernel(op, in_meta, out_meta);
+  EXPECT_TRUE(check.ok()) << check.message();
+  Values out_values(outs.size());
+  std::vector<KernelArg> in, out;
+  for (size_t i = 0; i < ins.size(); ++i) in.push_back({&ins[i], in_values[i].data()});
+  for (size_t i = 0; i < outs.size(); ++i) {
+    out_values[i].assign(outs[i].NumElements(), NAN);
+    out.push_back({&outs[i], out_values[i].data()});
+  }
+  Status st = RunKernel(op, in, out, KernelContext{&mesh, rank});
+  EXPECT_TRUE(st.ok()) << st.message();
+  return out_values;
+}
+
+/// sum_k dot(w_k, y_k) in double.
+double Objective(const Values& y, const Values& w) {
+  double s = 0;
+  for (size_t k = 0; k < y.size(); ++k)
+    for (size_t i = 0; i < y[k].size(); ++i) s += static_cast<double>(w[k][i]) * y[k][i];
+  return s;
+}
+
+/// Checks `analytic` (the gradient of sum_k dot(w_k, forward(x)_k) with
+/// respect to input `which`) against central differences, element by element.
+void ExpectGradient(const std::function<Values(const Values&)>& forward, const Values& x,
+                    const Values& w, int which, const std::vector<float>& analytic,
+                    const std::string& label, double eps = 1e-2, double tol = 5e-4) {
+  ASSERT_EQ(analytic.size(), x[which].size()) << label;
+  double scale = 0;
+  for (float g : analytic) scale = std::max(scale, std::fabs(static_cast<double>(g)));
+  for (size_t i = 0; i < x[which].size(); ++i) {
+    Values plus = x, minus = x;
+    plus[which][i] += static_cast<float>(eps);
+    minus[which][i] -= static_cast<float>(eps);
+    const double h = static_cast<double>(plus[which][i]) - minus[which][i];
+    const double numeric = (Objective(forward(plus), w) - Objective(forward(minus), w)) / h;
+    EXPECT_NEAR(analytic[i], numeric, tol * std::max(1.0, scale))
+        << label << ": d/d input " << which << " [" << i << "]";
+  }
+}
+
+/// Random output weights shaped like `outs`.
+Values Weights(const std::vector<Tensor>& outs, unsigned seed) {
+  Values w;
+  for (const Tensor& t : outs) w.push_back(Random(t.NumElements(), seed++));
+  return w;
+}
+
+// ---- forward ops -------------------------------------------------------------
+
+/// Naive c = op(a) @ op(b) for one batch entry.
+std::vector<float> NaiveMatmul(const float* a, const float* b, int64_t m, int64_t k, int64_t n,
+                               bool ta, bool tb) {
+  std::vector<float> c(m * n, 0.0f);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t l = 0; l < k; ++l)
+        s += static_cast<double>(ta ? a[l * m + i] : a[i * k + l]) * (tb ? b[j * k + l] : b[l * n + j]);
+      c[i * n + j] = static_cast<float>(s);
+    }
+  return c;
+}
+
+TEST(RuntimeKernels, MatmulTransposesAndBatches) {
+  const int64_t batch = 3, m = 4, k = 5, n = 2;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb)
+      for (int b_batched = 0; b_batched < 2; ++b_batched) {
+        Tensor a = T("in0", ta ? std::vector<int64_t>{batch, k, m} : std::vector<int64_t>{batch, m, k});
+        std::vector<int64_t> bs = tb ? std::vector<int64_t>{n, k} : std::vector<int64_t>{k, n};
+        if (b_batched) bs.insert(bs.begin(), batch);
+        Tensor b = T("in1", bs), c = T("out0", {batch, m, n});
+        Values in = {Random(a.NumElements(), 1), Random(b.NumElements(), 2)};
+        Op op = MakeOp(ComputeType::kMatmul, 2, 1, {{"transpose_a", ta}, {"transpose_b", tb}});
+        Values out = Exec(op, {a, b}, in, {c});
+        for (int64_t i = 0; i < batch; ++i) {
+          std::vector<float> want = NaiveMatmul(in[0].data() + i * m * k,
+                                                in[1].data() + (b_batched ? i * k * n : 0), m, k,
+                                                n, ta, tb);
+          for (int64_t j = 0; j < m * n; ++j)
+            EXPECT_NEAR(out[0][i * m * n + j], want[j], 1e-5)
+                << "ta=" << ta << " tb=" << tb << " batched=" << b_batched;
+        }
+      }
+}
+
+TEST(RuntimeKernels, ElementwiseForwards) {
+  Tensor x = T("in0", {2, 3}), y = T("in1", {3}), z = T("out0", {2, 3});
+  Values in = {Random(6, 3), Random(3, 4)};
+  Values add = Exec(MakeOp(ComputeType::kAdd, 2, 1), {x, y}, in, {z});
+  Values scale = Exec(MakeOp(ComputeType::kScale, 1, 1, {{"scale", -0.5}}), {x}, {in[0]}, {z});
+  Values gelu = Exec(MakeOp(ComputeType::kGelu, 1, 1), {x}, {in[0]}, {z});
+  Values silu = Exec(MakeOp(ComputeType::kSilu, 1, 1), {x}, {in[0]}, {z});
+  Values mul = Exec(MakeOp(ComputeType::kMul, 2, 1), {x, x}, {in[0], in[0]}, {z});
+  for (int i = 0; i < 6; ++i) {
+    const double v = in[0][i];
+    EXPECT_FLOAT_EQ(add[0][i], in[0][i] + in[1][i % 3]);
+    EXPECT_FLOAT_EQ(scale[0][i], -0.5f * in[0][i]);
+    EXPECT_NEAR(gelu[0][i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-6);
+    EXPECT_NEAR(silu[0][i], v / (1 + std::exp(-v)), 1e-6);
+    EXPECT_FLOAT_EQ(mul[0][i], in[0][i] * in[0][i]);
+  }
+}
+
+TEST(RuntimeKernels, NormsAndSoftmaxForwards) {
+  Tensor x = T("in0", {2, 4}), g = T("in1", {4}), b = T("in2", {4}), y = T("out0", {2, 4});
+  Values in = {Random(8, 5), Random(4, 6, 0.5, 1.5), Random(4, 7)};
+  Values ln = Exec(MakeOp(ComputeType::kLayerNorm, 3, 1, {{"eps", 1e-5}}), {x, g, b}, in, {y});
+  Values rms = Exec(MakeOp(ComputeType::kRmsNorm, 2, 1), {x, g}, {in[0], in[1]}, {y});
+  Values sm = Exec(MakeOp(ComputeType::kSoftmax, 1, 1), {x}, {in[0]}, {y});
+  for (int r = 0; r < 2; ++r) {
+    double mean = 0, var = 0, sq = 0, z = 0;
+    for (int j = 0; j < 4; ++j) mean += in[0][r * 4 + j] / 4.0;
+    for (int j = 0; j < 4; ++j) {
+      const double v = in[0][r * 4 + j];
+      var += (v - mean) * (v - mean) / 4;
+      sq += v * v / 4;
+      z += std::exp(v);
+    }
+    for (int j = 0; j < 4; ++j) {
+      const double v = in[0][r * 4 + j];
+      EXPECT_NEAR(ln[0][r * 4 + j], (v - mean) / std::sqrt(var + 1e-5) * in[1][j] + in[2][j], 1e-5);
+      EXPECT_NEAR(rms[0][r * 4 + j], v / std::sqrt(sq + 1e-6) * in[1][j], 1e-5);
+      EXPECT_NEAR(sm[0][r * 4 + j], std::exp(v) / z, 1e-6);
+    }
+  }
+}
+
+/// Attention per its definition with explicit loops (no shared code).
+std::vector<float> NaiveAttention(const Values& in, int64_t b, int64_t s, int64_t heads,
+                                  int64_t kv, int64_t d, bool causal, double scale) {
+  std::vector<float> o(b * s * heads * d, 0.0f);
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t g = h / (heads / kv);
+      for (int64_t i = 0; i < s; ++i) {
+        std::vector<double> w(s, 0.0);
+        double mx = -1e300, z = 0;
+        for (int64_t j = 0; j < s; ++j) {
+          if (causal && j > i) continue;
+          double dot = 0;
+          for (int64_t t = 0; t < d; ++t)
+            dot += in[0][(bi * s + i) * heads * d + h * d + t] * in[1][(bi * s + j) * kv * d + g * d + t];
+          w[j] = scale * dot;
+          mx = std::max(mx, w[j]);
+        }
+        for (int64_t j = 0; j < s; ++j) {
+          w[j] = causal && j > i ? 0 : std::exp(w[j] - mx);
+          z += w[j];
+        }
+        for (int64_t j = 0; j < s; ++j)
+          for (int64_t t = 0; t < d; ++t)
+            o[(bi * s + i) * heads * d + h * d + t] +=
+                static_cast<float>(w[j] / z * in[2][(bi * s + j) * kv * d + g * d + t]);
+      }
+    }
+  return o;
+}
+
+TEST(RuntimeKernels, AttentionForwardGroupedCausal) {
+  const int64_t b = 2, s = 3, heads = 4, kv = 2, d = 2;
+  Tensor q = T("in0", {b, s, heads * d}), k = T("in1", {b, s, kv * d}), v = T("in2", {b, s, kv * d});
+  Tensor o = T("out0", {b, s, heads * d});
+  Values in = {Random(q.NumElements(), 8), Random(k.NumElements(), 9), Random(v.NumElements(), 10)};
+  for (int causal = 0; causal < 2; ++causal) {
+    Op op = MakeOp(ComputeType::kAttention, 3, 1, {{"heads", heads}, {"kv_heads", kv}, {"causal", causal}});
+    Values out = Exec(op, {q, k, v}, in, {o});
+    std::vector<float> want = NaiveAttention(in, b, s, heads, kv, d, causal, 1 / std::sqrt(2.0));
+    for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(out[0][i], want[i], 1e-5) << "causal=" << causal;
+  }
+  Op scaled = MakeOp(ComputeType::kAttention, 3, 1, {{"heads", heads}, {"kv_heads", kv}, {"scale", 0.3}});
+  Values out = Exec(scaled, {q, k, v}, in, {o});
+  std::vector<float> want = NaiveAttention(in, b, s, heads, kv, d, false, 0.3);
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(out[0][i], want[i], 1e-5) << "scale attr";
+}
+
+TEST(RuntimeKernels, EmbeddingOnAShardedTable) {
+  // Vocabulary 6 split over tp=2: rank 1 holds rows 3..5.
+  Mesh mesh;
+  mesh.axes = {{"tp", 2}};
+  Tensor table = T("in0", {3, 2}, DType::kF32, {{"tp"}, {}});
+  Tensor ids = T("in1", {2, 2}, DType::kI32, {{}, {}});
+  Tensor y = T("out0", {2, 2, 2});
+  Values in = {{10, 11, 20, 21, 30, 31}, {0, 3, 5, 4}};
+  Values out = Exec(MakeOp(ComputeType::kEmbedding, 2, 1), {table, ids}, in, {y}, mesh, 1);
+  EXPECT_EQ(out[0], (std::vector<float>{0, 0, 10, 11, 30, 31, 20, 21}));
+  Values rank0 = Exec(MakeOp(ComputeType::kEmbedding, 2, 1), {table, ids}, in, {y}, mesh, 0);
+  EXPECT_EQ(rank0[0], (std::vector<float>{10, 11, 0, 0, 0, 0, 0, 0}));
+  // embedding_grad scatters dy back into the rows this rank holds.
+  Tensor dy = T("in0", {2, 2, 2}), dtable = T("out0", {3, 2}, DType::kF32, {{"tp"}, {}});
+  Values g = Exec(MakeOp(ComputeType::kEmbeddingGrad, 2, 1), {dy, ids},
+                 {{1, 1, 2, 2, 3, 3, 4, 4}, {0, 3, 3, 4}}, {dtable}, mesh, 1);
+  EXPECT_EQ(g[0], (std::vector<float>{5, 5, 4, 4, 0, 0}));
+}
+
+TEST(RuntimeKernels, VocabShardedLossPieces) {
+  Mesh mesh;
+  mesh.axes = {{"tp", 2}};
+  Tensor logits = T("in0", {2, 3}, DType::kF32, {{}, {"tp"}});  // rank 1: vocab 3..5
+  Tensor labels = T("in1", {2}, DType::kI32);
+  Tensor t = T("out0", {2});
+  Values in = {{1, 2, 3, 4, 5, 6}, {4, 1}};
+  Values target = Exec(MakeOp(ComputeType::kGatherTarget, 2, 1), {logits, labels}, in, {t}, mesh, 1);
+  EXPECT_EQ(target[0], (std::vector<float>{2, 0}));
+  Values mx = Exec(MakeOp(ComputeType::kReduceMax, 1, 1), {logits}, {in[0]}, {t});
+  EXPECT_EQ(mx[0], (std::vector<float>{3, 6}));
+  Values z = Exec(MakeOp(ComputeType::kSumExp, 2, 1), {logits, T("in1", {2})}, {in[0], mx[0]}, {t});
+  EXPECT_NEAR(z[0][0], std::exp(-2.0) + std::exp(-1.0) + 1, 1e-6);
+  Tensor m = T("in0", {2}), zz = T("in1", {2}), tt = T("in2", {2}), loss = T("out0", {});
+  Values l = Exec(MakeOp(ComputeType::kCrossEntropy, 3, 1), {m, zz, tt}, {{1, 2}, {2, 3}, {0.5, 1}}, {loss});
+  EXPECT_NEAR(l[0][0], (std::log(2.0) + 1 - 0.5 + std::log(3.0) + 2 - 1) / 2, 1e-6);
+  Values l4 = Exec(MakeOp(ComputeType::kCrossEntropy, 3, 1, {{"denominator", 4}}), {m, zz, tt},
+                  {{1, 2}, {2, 3}, {0.5, 1}}, {loss});
+  EXPECT_NEAR(l4[0][0], l[0][0] / 2, 1e-6);
+}
+
+TEST(RuntimeKernels, AdamStep) {
+  Tensor p = T("in0", {3});
+  Op op = MakeOp(ComputeType::kAdam, 4, 3,
+                 {{"lr", 0.1}, {"beta1", 0.8}, {"beta2", 0.9}, {"eps", 1e-3}, {"step", 2},
+                  {"weight_decay", 0.01}});
+  Values in = {{1, -2, 0.5}, {0.3, -0.1, 0}, {0.1, 0.2, -0.3}, {0.01, 0.02, 0.03}};
+  Values out = Exec(op, {p, p, p, p}, in, {p, p, p});
+  for (int i = 0; i < 3; ++i) {
+    const double g = in[1][i];
+    const double m = 0.8 * in[2][i] + 0.2 * g, v = 0.9 * in[3][i] + 0.1 * g * g;
+    const double mh = m / (1 - 0.64), vh = v / (1 - 0.81);
+    EXPECT_NEAR(out[0][i], in[0][i] - 0.1 * mh / (std::sqrt(vh) + 1e-3) - 0.1 * 0.01 * in[0][i], 1e-6);
+    EXPECT_NEAR(out[1][i], m, 1e-7);
+    EXPECT_NEAR(out[2][i], v, 1e-7);
+  }
+}
+
+TEST(RuntimeKernels, SliceConcatCastIdentity) {
+  Tensor x = T("in0", {2, 5});
+  Values in = {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}};
+  Values sl = Exec(MakeOp(ComputeType::kSlice, 1, 1, {{"axis", 1}, {"start", 1}, {"len", 3}}), {x},
+                  in, {T("out0", {2, 3})});
+  EXPECT_EQ(sl[0], (std::vector<float>{1, 2, 3, 6, 7, 8}));
+  Values cat = Exec(MakeOp(ComputeType::kConcat, 2, 1, {{"axis", 1}}), {T("in0", {2, 1}), T("in1", {2, 2})},
+                   {{0, 1}, {2, 3, 4, 5}}, {T("out0", {2, 3})});
+  EXPECT_EQ(cat[0], (std::vector<float>{0, 2, 3, 1, 4, 5}));
+  Values cast = Exec(MakeOp(ComputeType::kCast, 1, 1), {T("in0", {3})}, {{1.7f, -1.7f, 2.0f}},
+                    {T("out0", {3}, DType::kI32)});
+  EXPECT_EQ(cast[0], (std::vector<float>{1, -1, 2}));
+  Values to_bf16 = Exec(MakeOp(ComputeType::kCast, 1, 1), {T("in0", {1})}, {{1.2345678f}},
+                       {T("out0", {1}, DType::kBF16)});
+  EXPECT_EQ(to_bf16[0][0], 1.2345678f);  // every float dtype is fp32 in the runtime
+  Values id = Exec(MakeOp(ComputeType::kIdentity, 2, 2), {x, T("in1", {2})}, {in[0], {7, 8}},
+                  {T("out0", {10}), T("out1", {1, 2})});
+  EXPECT_EQ(id[0], in[0]);
+  EXPECT_EQ(id[1], (std::vector<float>{7, 8}));
+}
+
+TEST(RuntimeKernels, CheckKernelRejectsMissingAttributes) {
+  Tensor q = T("in0", {1, 2, 4}), o = T("out0", {1, 2, 4});
+  Op op = MakeOp(ComputeType::kAttention, 3, 1);
+  Status st = CheckKernel(op, {&q, &q, &q}, {&o});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("missing required attribute 'heads'"), std::string::npos) << st.message();
+  Op sl = MakeOp(ComputeType::kSlice, 1, 1, {{"axis", 0.5}, {"start", 0}});
+  EXPECT_FALSE(CheckKernel(sl, {&q}, {&o}).ok());
+}
+
+// ---- backward ops against finite differences --------------------------------
+
+TEST(RuntimeKernelGradients, GeluSiluSwiglu) {
+  Tensor x = T("in0", {2, 3}), y = T("out0", {2, 3});
+  Values in = {Random(6, 11, -2, 2), Random(6, 12, -2, 2)};
+  Values w = Weights({y}, 13);
+  struct Pair { ComputeType fwd, bwd; };
+  for (Pair p : {Pair{ComputeType::kGelu, ComputeType::kGeluGrad},
+                 Pair{ComputeType::kSilu, ComputeType::kSiluGrad}}) {
+    auto fwd = [&](const Values& v) { return Exec(MakeOp(p.fwd, 1, 1), {x}, {v[0]}, {y}); };
+    Values dx = Exec(MakeOp(p.bwd, 2, 1), {x, x}, {w[0], in[0]}, {y});
+    ExpectGradient(fwd, {in[0]}, w, 0, dx[0], std::string(ToString(p.bwd)));
+  }
+  auto swiglu = [&](const Values& v) { return Exec(MakeOp(ComputeType::kSwiglu, 2, 1), {x, x}, v, {y}); };
+  Values g = Exec(MakeOp(ComputeType::kSwigluGrad, 3, 2), {x, x, x}, {w[0], in[0], in[1]}, {y, y});
+  ExpectGradient(swiglu, in, w, 0, g[0], "swiglu_grad dgate");
+  ExpectGradient(swiglu, in, w, 1, g[1], "swiglu_grad dup");
+}
+
+TEST(RuntimeKernelGradients, LayerNorm) {
+  Tensor x = T("in0", {3, 5}), g = T("in1", {5}), y = T("out0", {3, 5});
+  Values in = {Random(15, 21), Random(5, 22, 0.5, 1.5), Random(5, 23)};
+  Values w = Weights({y}, 24);
+  auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kLayerNorm, 3, 1), {x, g, g}, v, {y}); };
+  Values grads = Exec(MakeOp(ComputeType::kLayerNormGrad, 3, 3), {y, x, g}, {w[0], in[0], in[1]},
+                     {x, g, g});
+  ExpectGradient(fwd, in, w, 0, grads[0], "layer_norm_grad dx");
+  ExpectGradient(fwd, in, w, 1, grads[1], "layer_norm_grad dgamma");
+  ExpectGradient(fwd, in, w, 2, grads[2], "layer_norm_grad dbeta");
+}
+
+TEST(RuntimeKernelGradients, RmsNorm) {
+  Tensor x = T("in0", {3, 5}), g = T("in1", {5}), y = T("out0", {3, 5});
+  Values in = {Random(15, 31), Random(5, 32, 0.5, 1.5)};
+  Values w = Weights({y}, 33);
+  auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kRmsNorm, 2, 1), {x, g}, v, {y}); };
+  Values grads = Exec(MakeOp(ComputeType::kRmsNormGrad, 3, 2), {y, x, g}, {w[0], in[0], in[1]}, {x, g});
+  ExpectGradient(fwd, in, w, 0, grads[0], "rms_norm_grad dx");
+  ExpectGradient(fwd, in, w, 1, grads[1], "rms_norm_grad dgamma");
+}
+
+TEST(RuntimeKernelGradients, Softmax) {
+  Tensor x = T("in0", {2, 4}), y = T("out0", {2, 4});
+  Values in = {Random(8, 41, -2, 2)};
+  Values w = Weights({y}, 42);
+  auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kSoftmax, 1, 1), {x}, v, {y}); };
+  Values probs = fwd(in);
+  Values dx = Exec(MakeOp(ComputeType::kSoftmaxGrad, 2, 1), {y, y}, {w[0], probs[0]}, {x});
+  ExpectGradient(fwd, in, w, 0, dx[0], "softmax_grad");
+}
+
+TEST(RuntimeKernelGradients, AttentionGroupedCausalAndFull) {
+  const int64_t b = 2, s = 3, heads = 4, kv = 2, d = 2;
+  Tensor q = T("in0", {b, s, heads * d}), k = T("in1", {b, s, kv * d}), v = T("in2", {b, s, kv * d});
+  Tensor o = T("out0", {b, s, heads * d});
+  Values in = {Random(q.NumElements(), 51), Random(k.NumElements(), 52), Random(v.NumElements(), 53)};
+  Values w = Weights({o}, 54);
+  for (int causal = 0; causal < 2; ++causal) {
+    std::map<std::string, double> attrs = {{"heads", heads}, {"kv_heads", kv}, {"causal", causal}};
+    if (causal) attrs["scale"] = 0.4;
+    auto fwd = [&](const Values& x) { return Exec(MakeOp(ComputeType::kAttention, 3, 1, attrs), {q, k, v}, x, {o}); };
+    Values grads = Exec(MakeOp(ComputeType::kAttentionGrad, 4, 3, attrs), {o, q, k, v},
+                       {w[0], in[0], in[1], in[2]}, {q, k, v});
+    const std::string label = causal ? "attention_grad causal" : "attention_grad";
+    ExpectGradient(fwd, in, w, 0, grads[0], label + " dq");
+    ExpectGradient(fwd, in, w, 1, grads[1], label + " dk");
+    ExpectGradient(fwd, in, w, 2, grads[2], label + " dv");
+  }
+}
+
+TEST(RuntimeKernelGradients, Embedding) {
+  Mesh mesh;
+  mesh.axes = {{"tp", 2}};
+  Tensor table = T("in0", {3, 2}, DType::kF32, {{"tp"}, {}});
+  Tensor ids = T("in1", {2, 3}, DType::kI32);
+  Tensor y = T("out0", {2, 3, 2});
+  Values in = {Random(6, 61), {0, 3, 4, 4, 5, 2}};
+  Values w = Weights({y}, 62);
+  auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kEmbedding, 2, 1), {table, ids}, v, {y}, mesh, 1); };
+  Values g = Exec(MakeOp(ComputeType::kEmbeddingGrad, 2, 1), {y, ids}, {w[0], in[1]}, {table}, mesh, 1);
+  ExpectGradient(fwd, in, w, 0, g[0], "embedding_grad");
+}
+
+TEST(RuntimeKernelGradients, CrossEntropyOnAVocabShard) {
+  // The loss of the full vocabulary (one rank) differentiated against
+  // cross_entropy_grad on both vocab shards (tp=2) with a denominator attr.
+  Mesh mesh;
+  mesh.axes = {{"tp", 2}};
+  const int64_t rows = 3, vocab = 4;
+  Tensor logits = T("in0", {rows, vocab}), labels = T("in1", {rows}, DType::kI32);
+  Tensor row = T("out0", {rows}), loss = T("out0", {1});
+  Values in = {Random(rows * vocab, 71, -2, 2), {1, 3, 0}};
+  const double denom = 5;
+  auto fwd = [&](const Values& v) {
+    Values m = Exec(MakeOp(ComputeType::kReduceMax, 1, 1), {logits}, {v[0]}, {row});
+    Values z = Exec(MakeOp(ComputeType::kSumExp, 2, 1), {logits, row}, {v[0], m[0]}, {row});
+    Values t = Exec(MakeOp(ComputeType::kGatherTarget, 2, 1), {logits, labels}, {v[0], v[1]}, {row});
+    return Exec(MakeOp(ComputeType::kCrossEntropy, 3, 1, {{"denominator", denom}}), {row, row, row},
+               {m[0], z[0], t[0]}, {loss});
+  };
+  Values m = Exec(MakeOp(ComputeType::kReduceMax, 1, 1), {logits}, {in[0]}, {row});
+  Values z = Exec(MakeOp(ComputeType::kSumExp, 2, 1), {logits, row}, {in[0], m[0]}, {row});
+  // Each tp rank computes the gradient of its half of the vocabulary.
+  Tensor shard = T("in0", {rows, vocab / 2}, DType::kF32, {{}, {"tp"}});
+  std::vector<float> full(rows * vocab);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<float> part(rows * vocab / 2);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < vocab / 2; ++j) part[r * 2 + j] = in[0][r * vocab + rank * 2 + j];
+    Values g = Exec(MakeOp(ComputeType::kCrossEntropyGrad, 4, 1, {{"denominator", denom}}),
+                   {shard, row, row, labels}, {part, m[0], z[0], in[1]}, {shard}, mesh, rank);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < vocab / 2; ++j) full[r * vocab + rank * 2 + j] = g[0][r * 2 + j];
+  }
+  ExpectGradient(fwd, in, {{1.0f}}, 0, full, "cross_entropy_grad");
+}
+
+TEST(RuntimeKernelGradients, MatmulWeightAndInputGrads) {
+  // The frontends' linear-layer gradients: dX = dY W^T, dW = X^T dY (2-D views).
+  Tensor x = T("in0", {2, 3, 4}), wt = T("in1", {4, 5}), y = T("out0", {2, 3, 5});
+  Values in = {Random(24, 81), Random(20, 82)};
+  Values w = Weights({y}, 83);
+  auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kMatmul, 2, 1), {x, wt}, v, {y}); };
+  Values dx = Exec(MakeOp(ComputeType::kMatmul, 2, 1, {{"transpose_b", 1}}), {y, wt}, {w[0], in[1]}, {x});
+  Values dw = Exec(MakeOp(ComputeType::kMatmul, 2, 1, {{"transpose_a", 1}}),
+                  {T("in0", {6, 4}), T("in1", {6, 5})}, {in[0], w[0]}, {wt});
+  ExpectGradient(fwd, in, w, 0, dx[0], "matmul dX");
+  ExpectGradient(fwd, in, w, 1, dw[0], "matmul dW");
+}
+
+}  // namespace
+}  // namespace concerto
