@@ -6,6 +6,8 @@
 // unsharded run's loss, gradients and updated parameters (docs/runtime.md).
 #include <gtest/gtest.h>
 
+#include <ostream>
+
 #include <nlohmann/json.hpp>
 
 #include <chrono>
@@ -304,6 +306,9 @@ struct Case {
   std::string plan;
   std::string scheduler;  // a baseline name, or "concerto"
 };
+
+/// How ctest and gtest print a case (instead of its raw bytes).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.model << " " << c.plan << " " << c.scheduler; }
 
 std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
   std::string s = info.param.model + "_" + info.param.plan + "_" + info.param.scheduler;
