@@ -5,7 +5,8 @@ set -euo pipefail
 PKGS=(g++ make cmake ninja-build pkg-config
       nlohmann-json3-dev libcli11-dev libfmt-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
-      libgecode-dev coinor-libcbc-dev libopenblas-dev)
+      libgecode-dev coinor-libcbc-dev libopenblas-dev
+      openmpi-bin libopenmpi-dev)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
