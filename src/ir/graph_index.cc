@@ -42,23 +42,28 @@ GraphIndex GraphIndex::Build(const Graph& graph) {
   return idx;
 }
 
-std::vector<int> TopologicalOrder(const Graph& graph, const GraphIndex& index) {
-  const int n = static_cast<int>(graph.ops.size());
+std::vector<int> KahnOrder(const std::vector<std::vector<int>>& preds, const std::vector<std::vector<int>>& succs) {
+  const int n = static_cast<int>(preds.size());
   std::vector<int> indegree(n, 0);
-  for (int i = 0; i < n; ++i) indegree[i] = static_cast<int>(index.preds[i].size());
   std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
-  for (int i = 0; i < n; ++i)
+  for (int i = 0; i < n; ++i) {
+    indegree[i] = static_cast<int>(preds[i].size());
     if (indegree[i] == 0) ready.push(i);
+  }
   std::vector<int> order;
   order.reserve(n);
   while (!ready.empty()) {
     int i = ready.top();
     ready.pop();
     order.push_back(i);
-    for (int s : index.succs[i])
+    for (int s : succs[i])
       if (--indegree[s] == 0) ready.push(s);
   }
   return order;
+}
+
+std::vector<int> TopologicalOrder(const Graph& /*graph*/, const GraphIndex& index) {
+  return KahnOrder(index.preds, index.succs);
 }
 
 }  // namespace concerto

@@ -196,6 +196,14 @@ std::vector<int> GroupRanks(const Mesh& mesh, const Group& group, int rank) {
   return out;
 }
 
+std::string GroupSpecKey(const Group& group) {
+  std::string key;
+  for (const auto& a : group.axes) key += a + ",";
+  key += "|";
+  for (int r : group.ranks) key += std::to_string(r) + ",";
+  return key;
+}
+
 int PeerRank(const Mesh& mesh, const Peer& peer, int rank) {
   if (peer.rank >= 0) return peer.rank < mesh.NumRanks() ? peer.rank : -1;
   int ax = mesh.AxisIndex(peer.axis);

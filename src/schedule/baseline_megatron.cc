@@ -7,18 +7,6 @@
 #include "baseline_internal.h"
 
 namespace concerto::baseline {
-namespace {
-
-/// A group spec as text (axes and explicit ranks).
-std::string GroupSpec(const Group& group) {
-  std::string key;
-  for (const auto& a : group.axes) key += a + ",";
-  key += "|";
-  for (int r : group.ranks) key += std::to_string(r) + ",";
-  return key;
-}
-
-}  // namespace
 
 /// Data-parallel gradient collectives (purpose "grad_sync", all-reduce or
 /// reduce-scatter) bucketed by parameter count: a bucket closes once it
@@ -45,10 +33,10 @@ Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const Basel
   // overlapped gradient buckets (e.g. a distributed optimizer's parameter
   // all-gather over dp) stays async on the comm stream too.
   std::set<std::string> async_groups;
-  for (int i : grads) async_groups.insert(GroupSpec(graph.ops[i].group));
+  for (int i : grads) async_groups.insert(GroupSpecKey(graph.ops[i].group));
   auto sync = [async_groups](const Op& op) {
     if (op.tags.purpose == "grad_sync") return false;
-    return op.kind != OpKind::kCollective || !async_groups.count(GroupSpec(op.group));
+    return op.kind != OpKind::kCollective || !async_groups.count(GroupSpecKey(op.group));
   };
   return PlanBucketed(graph, std::move(grads), rule, sync);
 }

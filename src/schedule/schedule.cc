@@ -283,9 +283,7 @@ std::vector<std::string> VerifySchedule(const Program& program, const Schedule& 
     std::vector<const Group*> specs;
     for (size_t i = 0; i < g.ops.size(); ++i) {
       if (g.ops[i].kind != OpKind::kCollective) continue;
-      std::string spec = GroupKey(g.ops[i].group.ranks);
-      for (const auto& a : g.ops[i].group.axes) spec += a + "|";
-      auto [it, inserted] = spec_id.emplace(spec, static_cast<int>(specs.size()));
+      auto [it, inserted] = spec_id.emplace(GroupSpecKey(g.ops[i].group), static_cast<int>(specs.size()));
       if (inserted) specs.push_back(&g.ops[i].group);
       spec_of[i] = it->second;
     }

@@ -3,6 +3,8 @@
 // backend starts from, and the independent verifier. No solver headers here.
 #include "concerto/schedule/window_solver.h"
 
+#include "concerto/ir/graph_index.h"
+
 #include <algorithm>
 #include <cassert>
 #include <functional>
@@ -40,25 +42,7 @@ PrecedenceGraph BuildGraph(const WindowProblem& problem) {
 
 /// Kahn's algorithm, smallest ready index first (deterministic). Shorter than
 /// the task count when the precedences have a cycle.
-std::vector<int> TopologicalOrder(const PrecedenceGraph& g) {
-  const int n = static_cast<int>(g.preds.size());
-  std::vector<int> indegree(n);
-  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
-  for (int i = 0; i < n; ++i) {
-    indegree[i] = static_cast<int>(g.preds[i].size());
-    if (indegree[i] == 0) ready.push(i);
-  }
-  std::vector<int> order;
-  order.reserve(n);
-  while (!ready.empty()) {
-    int i = ready.top();
-    ready.pop();
-    order.push_back(i);
-    for (int s : g.succs[i])
-      if (--indegree[s] == 0) ready.push(s);
-  }
-  return order;
-}
+std::vector<int> TopologicalOrder(const PrecedenceGraph& g) { return KahnOrder(g.preds, g.succs); }
 
 /// A cycle among the tasks left out of a partial topological order, as
 /// "a -> b -> a". Every left-out task has a left-out predecessor, so walking

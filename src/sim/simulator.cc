@@ -199,8 +199,7 @@ class Simulator {
           const Op& op = s.graph->ops[i];
           const int gid = s.base + i;
           if (op.kind == OpKind::kCollective) {
-            std::string spec = Key(op.group.ranks);
-            for (const auto& a : op.group.axes) spec += a + "|";
+            const std::string spec = GroupSpecKey(op.group);
             auto cit = group_cache.find(spec);
             if (cit == group_cache.end()) {
               std::vector<int> members;

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "lowering_test_util.h"
+
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -33,21 +35,8 @@ Program Lower(const GptConfig& c, DpTpPlan plan) {
 
 const Graph& Main(const Program& p) { return p.graphs.at(0); }
 
-bool IsMatmulOrAttention(const Op& op) {
-  return op.kind == OpKind::kCompute &&
-         (op.compute_type == ComputeType::kMatmul ||
-          op.compute_type == ComputeType::kAttention ||
-          op.compute_type == ComputeType::kAttentionGrad);
-}
-
-/// Sum of matmul + attention flops of `layer` in `phase`.
-double LayerFlops(const Graph& g, int layer, Phase phase) {
-  double total = 0;
-  for (const Op& op : g.ops)
-    if (op.tags.layer == layer && op.tags.phase == phase && IsMatmulOrAttention(op))
-      total += op.flops;
-  return total;
-}
+using testing_util::IsMatmulOrAttention;
+using testing_util::LayerFlops;
 
 /// Collectives of `layer` in `phase` over group axes {axis}.
 std::vector<const Op*> Collectives(const Graph& g, int layer, Phase phase,

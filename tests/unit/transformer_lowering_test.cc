@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "lowering_test_util.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -52,21 +54,8 @@ std::map<std::string, const Tensor*> Tensors(const Graph& g) {
   return t;
 }
 
-bool IsMatmulOrAttention(const Op& op) {
-  return op.kind == OpKind::kCompute &&
-         (op.compute_type == ComputeType::kMatmul ||
-          op.compute_type == ComputeType::kAttention ||
-          op.compute_type == ComputeType::kAttentionGrad);
-}
-
-/// Sum of matmul + attention flops of `layer` in `phase`.
-double LayerFlops(const Graph& g, int layer, Phase phase) {
-  double total = 0;
-  for (const Op& op : g.ops)
-    if (op.tags.layer == layer && op.tags.phase == phase && IsMatmulOrAttention(op))
-      total += op.flops;
-  return total;
-}
+using testing_util::IsMatmulOrAttention;
+using testing_util::LayerFlops;
 
 /// Collectives of `type` in `layer` and `phase` over group {axis} with `purpose`.
 std::vector<const Op*> Collectives(const Graph& g, int layer, Phase phase, CollectiveType type,

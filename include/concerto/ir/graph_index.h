@@ -23,8 +23,12 @@ struct GraphIndex {
   static GraphIndex Build(const Graph& graph);
 };
 
+/// Kahn's algorithm over adjacency lists, smallest ready index first
+/// (deterministic). Shorter than preds.size() when there is a cycle.
+std::vector<int> KahnOrder(const std::vector<std::vector<int>>& preds, const std::vector<std::vector<int>>& succs);
+
 /// Op indices in a topological order that keeps program order where it can
-/// (Kahn's algorithm, smallest index first). Shorter than ops.size() if cyclic.
+/// (KahnOrder over the graph's edges). Shorter than ops.size() if cyclic.
 std::vector<int> TopologicalOrder(const Graph& graph, const GraphIndex& index);
 
 }  // namespace concerto

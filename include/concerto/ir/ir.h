@@ -187,6 +187,8 @@ struct Program {
 /// Global ranks in `group` as seen from `rank`, ascending. Empty when the
 /// group names an unknown axis.
 std::vector<int> GroupRanks(const Mesh& mesh, const Group& group, int rank);
+/// Text that is equal for equal group specs ("axes|ranks"), for map keys.
+std::string GroupSpecKey(const Group& group);
 /// The peer rank of a send/recv on `rank`, or -1 when it falls off the mesh.
 int PeerRank(const Mesh& mesh, const Peer& peer, int rank);
 /// Readable label "op 12 'layer3.fc1'" used in every message about an op.
