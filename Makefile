@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: setup build demo test bench clean
+.PHONY: setup build demo test bench testbed clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,10 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The emulated 1 Gbit/s cluster (root): measured vs simulated iteration times (docs/results.md).
+testbed: build
+	bash scripts/testbed.sh $(BUILD)
 
 bench: build
 	./$(BUILD)/concerto_bench

@@ -4,6 +4,7 @@
 
 #include "concerto/cost/cluster.h"
 #include "concerto/cost/cost_model.h"
+#include "concerto/lower/frontend.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/synthetic.h"
 #include "concerto/schedule/concerto_scheduler.h"
@@ -114,6 +115,27 @@ void BM_ConcertoGpt13b(benchmark::State& state) {
   state.counters["improvement"] = report.incumbent_makespan_us / report.final_makespan_us;
 }
 BENCHMARK(BM_ConcertoGpt13b)->Iterations(1)->Unit(benchmark::kSecond);
+
+/// Scheduling time vs graph size on a real workload, default options:
+/// gpt-1.3b dp=4,tp=8 with state.range(0) micro-batches (1: 1,279 ops,
+/// 8: 8,860, 92: about 100k; docs/results.md, "Scaling").
+void BM_ConcertoScalingGpt13b(benchmark::State& state) {
+  const int microbatches = static_cast<int>(state.range(0));
+  Result<Program> p = LowerModelPlan("gpt-1.3b", "dp=4,tp=8,microbatches=" + std::to_string(microbatches));
+  if (!p.ok()) return state.SkipWithError(p.status().message().c_str());
+  AnalyticCostModel cost = A800();
+  ConcertoOptions options;
+  ConcertoReport report;
+  for (auto _ : state) {
+    Result<ScheduledProgram> sp = RunConcerto(*p, cost, options, &report);
+    if (!sp.ok()) state.SkipWithError(sp.status().message().c_str());
+  }
+  state.counters["ops"] = static_cast<double>(p->graphs[0].ops.size());
+  state.counters["search_s"] = report.seconds;
+  state.counters["windows"] = static_cast<double>(report.windows.size());
+  state.counters["T_over_LB"] = report.final_makespan_us / report.lower_bound_us;
+}
+BENCHMARK(BM_ConcertoScalingGpt13b)->Arg(1)->Arg(8)->Arg(92)->Iterations(1)->Unit(benchmark::kSecond);
 
 }  // namespace
 }  // namespace concerto

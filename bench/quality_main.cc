@@ -3,6 +3,9 @@
 // markdown table (docs/results.md) and, with --json, one JSON object.
 //
 //   concerto_quality [--time-budget S] [--json] [--only NAME]
+//   concerto_quality --scaling   scheduling time vs graph size (1k, 10k, 100k ops)
+//   concerto_quality --sweep     quality vs rounds and block size on two workloads
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fmt/format.h>
@@ -32,15 +35,83 @@ const std::vector<Workload>& Workloads() {
       {"gpt-2.7b", "zero=2,dp=32"},
       {"llama-7b", "dp=4,tp=8,sp"},
       {"evoformer", "dp=4,dap=8"},
-      {"mixtral-tiny", "ep=8,dp=4"},
+      {"mixtral-8x7b", "dp=4,ep=4,tp=8"},
   };
   return w;
+}
+
+/// Seconds since `t0`.
+double Since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// One concerto run with `options` on a lowered workload: prints a table row
+/// (ops, makespan, T/LB, windows, seconds).
+Status ConcertoRow(const std::string& label, const Program& program, const CostModel& cost, const Options& options) {
+  size_t ops = 0;
+  for (const Graph& g : program.graphs) ops += g.ops.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  Result<RunResult> run = RunScheduler(program, "concerto", cost, options);
+  if (!run.ok()) return run.status();
+  const double seconds = Since(t0);
+  const ConcertoReport& r = *run->concerto;
+  std::cout << fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} | {} ({} optimal, {} at the fail limit{}) | {:.1f} | {:.1f} |\n",
+                           label, ops, r.incumbent_makespan_us / 1e3, r.final_makespan_us / 1e3,
+                           r.final_makespan_us / run->summary.bound.lower_bound_us, r.windows.size(), r.windows_optimal,
+                           r.windows_feasible,
+                           r.windows_hit_time_limit ? fmt::format(", {} at the time limit", r.windows_hit_time_limit) : "",
+                           r.seconds, seconds)
+            << std::flush;
+  return Status::Ok();
+}
+
+/// Scheduling time vs graph size on real workloads, default options.
+int Scaling(const Options& options) {
+  const std::vector<Workload> sizes = {{"gpt-1.3b", "dp=4,tp=8"},
+                                       {"gpt-1.3b", "dp=4,tp=8,microbatches=8"},
+                                       {"gpt-1.3b", "dp=4,tp=8,microbatches=92"}};
+  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
+  std::cout << "| workload (a800-4x8) | ops | best baseline ms | concerto ms | T/LB | windows | search s | total s |\n"
+               "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& w : sizes) {
+    std::fprintf(stderr, "scaling: %s %s\n", w.model.c_str(), w.plan.c_str());
+    Result<Program> program = LowerModelPlan(w.model, w.plan);
+    if (!program.ok()) return std::fprintf(stderr, "%s\n", program.status().message().c_str()), 1;
+    if (Status s = ConcertoRow(w.model + " " + w.plan, *program, cost, options); !s.ok())
+      return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
+  }
+  return 0;
+}
+
+/// Quality vs rounds (block 125) and vs block size (4 rounds) on two workloads.
+int Sweep(Options options) {
+  const std::vector<Workload> workloads = {{"gpt-1.3b", "dp=4,tp=8"}, {"llama-7b", "dp=4,tp=8,sp"}};
+  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
+  std::cout << "| workload (a800-4x8) | ops | best baseline ms | concerto ms | T/LB | windows | search s | total s |\n"
+               "|---|---|---|---|---|---|---|---|\n";
+  for (const auto& w : workloads) {
+    Result<Program> program = LowerModelPlan(w.model, w.plan);
+    if (!program.ok()) return std::fprintf(stderr, "%s\n", program.status().message().c_str()), 1;
+    std::vector<std::pair<int, int>> settings = {{1, 125}, {2, 125}, {4, 125}, {8, 125}, {4, 50}, {4, 250}};
+    for (const auto& [rounds, block] : settings) {
+      std::fprintf(stderr, "sweep: %s %s rounds %d block %d\n", w.model.c_str(), w.plan.c_str(), rounds, block);
+      Options o = options;
+      (void)o.Set("rounds", rounds);
+      (void)o.Set("block", block);
+      if (Status s = ConcertoRow(fmt::format("{} {}, rounds {}, block {}", w.model, w.plan, rounds, block), *program,
+                                 cost, o);
+          !s.ok())
+        return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
+    }
+  }
+  return 0;
 }
 
 int Main(int argc, char** argv) {
   Options options;
   bool json = false;
   std::string only;
+  std::string mode;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--json")) {
       json = true;
@@ -49,11 +120,15 @@ int Main(int argc, char** argv) {
       if (!s.ok()) return std::fprintf(stderr, "%s\n", s.message().c_str()), 2;
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
+    } else if (!std::strcmp(argv[i], "--scaling") || !std::strcmp(argv[i], "--sweep")) {
+      mode = argv[i];
     } else {
-      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--json] [--only MODEL]\n");
+      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--json] [--only MODEL] [--scaling | --sweep]\n");
       return 2;
     }
   }
+  if (mode == "--scaling") return Scaling(options);
+  if (mode == "--sweep") return Sweep(options);
   nlohmann::json all = nlohmann::json::array();
   std::cout << "| workload | cluster | best baseline | baseline ms | concerto ms | improvement | T/LB | overlap eff. "
                "| peak GiB | search s |\n|---|---|---|---|---|---|---|---|---|---|\n";

@@ -41,6 +41,16 @@ check compare_tiny 0 "$BIN" compare "$TMP/tiny.json" --cluster commodity-4x8 --j
 contains compare_json "$TMP/out" '"best_scheduler"'
 (cd "$TMP" && "$BIN" simulate "$TMP/tiny.json" --scheduler ddp --dump-after schedule >/dev/null 2>&1)
 contains dump_after_shows_fused_buckets "$TMP/concerto.schedule.json" '"name": "fused.'
+# concerto schedule: the report in text and JSON (fields with units), a memory budget.
+check schedule_concerto 0 "$BIN" schedule "$TMP/tiny.json" --cluster a800-4x8 --rounds 1 -o "$TMP/c.json"
+for needle in "round 1 odd pass:" "makespan " "peak memory" "lower bound"; do contains "schedule_text_$needle" "$TMP/out" "$needle"; done
+check schedule_concerto_json 0 "$BIN" schedule "$TMP/tiny.json" --cluster a800-4x8 --rounds 1 --memory-budget 2e9 -o "$TMP/c.json" --json
+for field in incumbent_makespan_us final_makespan_us lower_bound_us gap rounds_run windows_optimal windows_hit_time_limit \
+    search_seconds peak_memory_bytes incumbent_peak_memory_bytes memory_budget_bytes windows objective_us status; do
+  contains "schedule_json_has_$field" "$TMP/out" "\"$field\""
+done
+check schedule_memory_budget_infeasible 1 "$BIN" schedule "$TMP/tiny.json" --cluster a800-4x8 --memory-budget 1 -o "$TMP/c.json"
+contains schedule_memory_budget_message "$TMP/err" "the lowest peak any starting schedule reaches is"
 check write_schedule 0 "$BIN" simulate "$TMP/tiny.json" --scheduler megatron --write-schedule "$TMP/s.json" --write-program "$TMP/p.json"
 check simulate_given_schedule 0 "$BIN" simulate "$TMP/p.json" --schedule "$TMP/s.json" --json
 contains given_schedule_name "$TMP/out" '"scheduler": "megatron"'
@@ -54,5 +64,46 @@ contains models_lists_llama "$TMP/out" "llama-70b"
 check bad_plan 1 "$BIN" lower --model gpt-tiny --plan dp=2,tp=3 -o "$TMP/x.json"
 check deadlock_is_error 1 "$BIN" simulate "$ROOT/tests/golden/deadlock_p2p.json"
 contains deadlock_message "$TMP/err" "deadlock"
+# Per-op sharding plans and plan files (docs/frontends.md).
+check lower_sharding 0 "$BIN" lower --model gpt-tiny --sharding "$ROOT/examples/plans/gpt-tiny-mixed.json" -o "$TMP/mixed.json" --json
+contains lower_sharding_json "$TMP/out" '"comm_ops"'
+check validate_sharded 0 "$BIN" validate "$TMP/mixed.json"
+check compare_sharding 0 "$BIN" compare --model gpt-tiny --sharding "$ROOT/examples/plans/gpt-tiny-megatron-tp2.json" --cluster commodity-4x8 --schedulers fifo --json
+contains compare_sharding_label "$TMP/out" '"program": "gpt-tiny (sharding'
+check sharding_and_plan_exclusive 2 "$BIN" lower --model gpt-tiny --plan dp=2 --sharding "$ROOT/examples/plans/gpt-tiny-dp2.json" -o "$TMP/x.json"
+printf '{"mesh": {"dp": 2}, "tensors": {"tokens": [["dq"], []]}}' > "$TMP/bad_sharding.json"
+check bad_sharding_axis 1 "$BIN" lower --model gpt-tiny --sharding "$TMP/bad_sharding.json" -o "$TMP/x.json"
+contains bad_sharding_axis_message "$TMP/err" "unknown mesh axis 'dq'"
+check plan_file 0 "$BIN" lower --model gpt-1.3b --plan "$ROOT/examples/plans/dp4-tp8.yaml" -o "$TMP/p.json" --json
+contains plan_file_canonical "$TMP/out" '"plan": "dp=4,tp=8"'
+printf 'dp: 2\nzero: 5\n' > "$TMP/bad_plan.yaml"
+check bad_plan_file 1 "$BIN" lower --model gpt-tiny --plan "$TMP/bad_plan.yaml" -o "$TMP/x.json"
+contains bad_plan_file_names_file "$TMP/err" "bad_plan.yaml: "
+# concerto run / profile (docs/cli.md); MPI itself is tested by the mpi_* CTests.
+EX="$ROOT/examples/ir/dp_matmul_allreduce.json"
+check run_in_process 0 "$BIN" run "$EX" --in-process --scheduler ddp --iterations 2 --warmup 1 --json --trace "$TMP/run.trace.json"
+for field in median_iteration_us iteration_us exposed_comm_us warmup_iterations; do
+  contains "run_json_has_$field" "$TMP/out" "\"$field\""
+done
+contains run_trace_written "$TMP/run.trace.json" '"traceEvents"'
+check run_dry_run 0 "$BIN" run "$EX" --dry-run --iterations 3
+contains run_dry_run_yields "$TMP/out" "--mca mpi_yield_when_idle 1"
+contains run_dry_run_malloc "$TMP/out" "-x MALLOC_MMAP_THRESHOLD_=2000000000"
+contains run_dry_run_worker "$TMP/out" "concerto_mpi_run --program"
+printf '{"format": "concerto-schedule", "scheduler": "hand", "roles": [{"role": "main", "streams": [{"stream": "compute", "ops": [0]}]}]}' > "$TMP/bad.schedule.json"
+check run_refuses_bad_schedule 1 "$BIN" run "$EX" --schedule "$TMP/bad.schedule.json"
+contains run_refusal_names_verifier "$TMP/err" "fails verification"
+check run_needs_program 2 "$BIN" run --in-process
+check run_check_needs_model 2 "$BIN" run "$EX" --check
+check run_wrong_ranks 1 "$BIN" run "$EX" -n 3 --in-process
+contains run_wrong_ranks_message "$TMP/err" "the program needs 2 ranks"
+check run_injected_failure 1 "$BIN" run "$EX" --in-process --fail-op fc.dw --fail-rank 1
+contains run_failure_names_rank_and_op "$TMP/err" "rank 1: op 1 'fc.dw': injected failure"
+check profile_in_process 0 "$BIN" profile --program "$EX" --in-process --max-bytes 16384 --reps 1 --out-dir "$TMP/prof" --json
+for field in matmul_tflops memory_gbps link_latency_us link_bandwidth_gbps; do
+  contains "profile_json_has_$field" "$TMP/out" "\"$field\""
+done
+check profile_cluster_loads 0 "$BIN" simulate "$EX" --cluster "$TMP/prof/cpu-local.json" --profile "$TMP/prof/profile.json" --json
+contains profile_prices_from_db "$TMP/out" '"cluster": "cpu-local"'
 if [[ $fails -ne 0 ]]; then echo "$fails CLI checks failed"; exit 1; fi
 echo "all CLI checks passed"

@@ -1,12 +1,13 @@
 #include "concerto/driver/driver.h"
 
+#include <algorithm>
 #include <fmt/format.h>
 
 #include "concerto/schedule/scheduler.h"
 
 namespace concerto {
 
-std::vector<std::string> PassNames() { return {"read", "schedule"}; }
+std::vector<std::string> PassNames() { return {"read", "decompose", "schedule"}; }
 
 std::vector<std::string> SchedulerNames() {
   std::vector<std::string> names = BaselineNames();
@@ -19,6 +20,7 @@ ConcertoOptions ToConcertoOptions(const Options& options) {
   c.solver = options.solver;
   c.block_ops = static_cast<int>(options.Get("block"));
   c.rounds = static_cast<int>(options.Get("rounds"));
+  c.window_fail_limit = static_cast<int64_t>(options.Get("window-fail-limit"));
   c.window_time_limit_s = options.Get("window-time-limit");
   c.time_budget_s = options.Get("time-budget");
   c.baselines = ToBaselineOptions(options);
@@ -39,6 +41,9 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
                       {"windows_optimal", r.windows_optimal},
                       {"windows_feasible_at_limit", r.windows_feasible},
                       {"windows_unsolved", r.windows_unsolved},
+                      {"windows_hit_time_limit", r.windows_hit_time_limit},
+                      {"passes_over_memory_budget", r.passes_over_memory},
+                      {"incumbent_peak_memory_bytes", r.incumbent_peak_memory_bytes},
                       {"fused_collectives", r.fused_collectives},
                       {"fusion_gain_us", r.fusion_gain_us},
                       {"search_seconds", r.seconds},
@@ -47,7 +52,46 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
                       {"memory_budget_bytes", r.memory_budget_bytes},
                       {"peak_memory_bytes", r.peak_memory_bytes},
                       {"makespan_after_round_us", r.makespan_after_round_us}};
+  nlohmann::json windows = nlohmann::json::array();
+  for (const WindowReport& w : r.windows)
+    windows.push_back({{"round", w.round},
+                       {"pass", w.pass == 0 ? "odd" : "even"},
+                       {"first_block", w.first_block},
+                       {"tasks", w.tasks},
+                       {"status", std::string(ToString(w.status))},
+                       {"hit_time_limit", w.hit_time_limit},
+                       {"memory", w.memory},
+                       {"objective_us", w.objective_us},
+                       {"bound_us", w.bound_us},
+                       {"gap", w.gap},
+                       {"seconds", w.seconds}});
+  j["windows"] = windows;
   return j;
+}
+
+DecomposeOptions ToDecomposeOptions(const Options& options) {
+  DecomposeOptions d;
+  d.max_chunks = static_cast<int>(options.Get("decompose"));
+  d.interference = options.Get("interference");
+  return d;
+}
+
+nlohmann::json DecomposeReportJson(const DecomposeReport& r) {
+  nlohmann::json rewrites = nlohmann::json::array();
+  for (const Decomposition& d : r.rewrites)
+    rewrites.push_back({{"graph", d.graph},
+                        {"collective", d.collective},
+                        {"side", d.side},
+                        {"chunks", d.chunks},
+                        {"dim", d.dim},
+                        {"estimated_before_us", d.estimated_before_us},
+                        {"estimated_after_us", d.estimated_after_us},
+                        {"exposed_us", d.exposed_us}});
+  return {{"candidates", r.candidates},
+          {"rewrites", rewrites},
+          {"fifo_before_us", r.fifo_before_us},
+          {"fifo_after_us", r.fifo_after_us},
+          {"rejected", r.rejected}};
 }
 
 BaselineOptions ToBaselineOptions(const Options& options) {
@@ -85,18 +129,61 @@ Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Opt
   return run;
 }
 
+/// The fifo schedule of `program`, simulated.
+Result<std::pair<ScheduledProgram, Timeline>> SimulateFifo(const Program& program, const CostModel& cost,
+                                                           const Options& options) {
+  Result<ScheduledProgram> sp = RunBaseline("fifo", program, cost, ToBaselineOptions(options));
+  if (!sp.ok()) return sp.status();
+  Result<Timeline> t = Simulate(*sp, cost, ToSimOptions(options));
+  if (!t.ok()) return t.status();
+  return std::make_pair(std::move(sp).value(), std::move(t).value());
+}
+
 }  // namespace
+
+Result<Program> DecomposeWherePays(const Program& program, const CostModel& cost, const Options& options,
+                                   DecomposeReport* report) {
+  *report = DecomposeReport{};
+  const DecomposeOptions d = ToDecomposeOptions(options);
+  if (d.max_chunks < 2) return program;
+  Result<std::pair<ScheduledProgram, Timeline>> before = SimulateFifo(program, cost, options);
+  if (!before.ok()) return before.status();
+  const ExposureMap exposed = ExposedCommByOp(before->first, before->second);
+  Program out = program;
+  Result<DecomposeReport> r = DecomposeCollectives(out, cost, d, &exposed);
+  if (!r.ok()) return r.status();
+  *report = std::move(r).value();
+  if (report->rewrites.empty()) return program;
+  Result<std::pair<ScheduledProgram, Timeline>> after = SimulateFifo(out, cost, options);
+  if (!after.ok()) return after.status();
+  report->fifo_before_us = before->second.makespan_us;
+  report->fifo_after_us = after->second.makespan_us;
+  if (after->second.makespan_us < before->second.makespan_us) return out;
+  report->rejected = true;
+  return program;
+}
 
 Result<RunResult> RunScheduler(const Program& program, const std::string& scheduler, const CostModel& cost,
                                const Options& options, const PassHook& hook, const ProgressFn& progress) {
   if (hook) hook("read", program);
   if (scheduler == "concerto") {
+    Result<DecomposeReport> decomposed = DecomposeReport{};
+    Result<Program> input = DecomposeWherePays(program, cost, options, &*decomposed);
+    if (!input.ok()) return input.status();
+    if (hook) hook("decompose", *input);
+    if (progress && !decomposed->rewrites.empty())
+      progress(fmt::format("decompose: {} of {} candidate collectives chunked; fifo {:.3f} -> {:.3f} ms{}",
+                           decomposed->rewrites.size(), decomposed->candidates, decomposed->fifo_before_us / 1e3,
+                           decomposed->fifo_after_us / 1e3, decomposed->rejected ? ": rejected" : ""));
     ConcertoReport report;
-    Result<ScheduledProgram> sp = RunConcerto(program, cost, ToConcertoOptions(options), &report, progress);
+    Result<ScheduledProgram> sp = RunConcerto(*input, cost, ToConcertoOptions(options), &report, progress);
     if (!sp.ok()) return sp.status();
     if (hook) hook("schedule", sp->program);
     Result<RunResult> run = Evaluate(std::move(sp).value(), cost, options);
-    if (run.ok()) run->concerto = report;
+    if (run.ok()) {
+      run->concerto = report;
+      run->decompose = std::move(decomposed).value();
+    }
     return run;
   }
   Result<ScheduledProgram> sp = RunBaseline(scheduler, program, cost, ToBaselineOptions(options));
@@ -139,9 +226,12 @@ std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& l
                        r.scheduled.schedule.fusion_groups.size(), s.peak_memory_bytes / double(1 << 30));
   }
   out += fmt::format(
-      "lower bound of the program {:.3f} ms = max(critical path {:.3f} ms, busiest stream '{}' {:.3f} ms);\n"
+      "lower bound of the program {:.3f} ms = max(critical path {:.3f} ms, busiest stream '{}' {:.3f} ms{});\n"
       "T/LB divides by the bound of each run's own program (bucketing changes the work)\n",
-      lb.lower_bound_us / 1e3, lb.critical_path_us / 1e3, lb.busiest_stream, lb.stream_load_us / 1e3);
+      lb.lower_bound_us / 1e3, lb.critical_path_us / 1e3, lb.busiest_stream, lb.stream_load_us / 1e3,
+      lb.fill_drain_us > std::max(lb.critical_path_us, lb.stream_load_us)
+          ? fmt::format(", fill + work + drain of '{}' {:.3f} ms", lb.fill_drain_stream, lb.fill_drain_us / 1e3)
+          : std::string());
   return out;
 }
 
@@ -156,6 +246,7 @@ nlohmann::json CompareJson(const std::vector<RunResult>& runs, const LowerBound&
     s.erase("critical_path");
     s.erase("busy_us");
     if (r.concerto) s["concerto"] = ConcertoReportJson(*r.concerto);
+    if (r.decompose) s["decompose"] = DecomposeReportJson(*r.decompose);
     j["results"].push_back(s);
     if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us, best_name = r.summary.scheduler;
   }
@@ -164,6 +255,7 @@ nlohmann::json CompareJson(const std::vector<RunResult>& runs, const LowerBound&
   j["lower_bound_us"] = lb.lower_bound_us;
   j["lower_bound_critical_path_us"] = lb.critical_path_us;
   j["lower_bound_stream_load_us"] = lb.stream_load_us;
+  j["lower_bound_fill_drain_us"] = lb.fill_drain_us;
   return j;
 }
 

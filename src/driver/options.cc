@@ -18,8 +18,15 @@ const std::vector<OptionSpec>& OptionTable() {
       {"zero-prefetch-bucket", "elements", 5e7, 1, 1e13, "ZeRO: all-gather prefetch bucket size"},
       {"block", "ops", 125, 2, 1e6, "concerto: ops per block; each window solves two adjacent blocks"},
       {"rounds", "rounds", 4, 0, 1000, "concerto: odd-even rounds (each an odd and an even pass)"},
-      {"window-time-limit", "s", 1, 0.01, 3600, "concerto: solver time limit per window"},
-      {"time-budget", "s", 60, 0.1, 86400, "concerto: time limit of the whole search"},
+      {"window-fail-limit", "fails", 50, 1, 1e9,
+       "concerto: failed search nodes per window solve (deterministic; CBC: branch-and-bound nodes)"},
+      {"window-time-limit", "s", 10, 0.01, 3600,
+       "concerto: wall-clock safety net per window solve (reported when it fires; results then depend on load)"},
+      {"time-budget", "s", 600, 0.1, 86400,
+       "concerto: wall-clock safety net for the whole search (reported when it fires)"},
+      {"decompose", "chunks", 4, 0, 64,
+       "concerto: most chunks the decomposition pass cuts a matmul and its exposed activation collective into "
+       "(0 or 1: off)"},
       {"memory-budget", "bytes", 0, 0, 1e15,
        "concerto: peak memory per rank the schedule must stay under (0: no budget)"},
   };

@@ -38,7 +38,7 @@ constexpr std::array<std::pair<ReduceOp, std::string_view>, 2> kReduces = {{
 constexpr std::array<std::pair<Phase, std::string_view>, 4> kPhases = {{
     {Phase::kNone, "none"}, {Phase::kForward, "fwd"}, {Phase::kBackward, "bwd"},
     {Phase::kOptimizer, "opt"}}};
-constexpr std::array<std::pair<ComputeType, std::string_view>, 30> kComputeTypes = {{
+constexpr std::array<std::pair<ComputeType, std::string_view>, 37> kComputeTypes = {{
     {ComputeType::kMatmul, "matmul"},
     {ComputeType::kAdd, "add"},
     {ComputeType::kMul, "mul"},
@@ -69,6 +69,13 @@ constexpr std::array<std::pair<ComputeType, std::string_view>, 30> kComputeTypes
     {ComputeType::kConcat, "concat"},
     {ComputeType::kCast, "cast"},
     {ComputeType::kIdentity, "identity"},
+    {ComputeType::kTopK, "top_k"},
+    {ComputeType::kTopKGrad, "top_k_grad"},
+    {ComputeType::kMoeDispatch, "moe_dispatch"},
+    {ComputeType::kMoeDispatchGrad, "moe_dispatch_grad"},
+    {ComputeType::kMoeCombine, "moe_combine"},
+    {ComputeType::kMoeCombineGrad, "moe_combine_grad"},
+    {ComputeType::kTranspose, "transpose"},
 }};
 
 }  // namespace

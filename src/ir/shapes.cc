@@ -389,6 +389,111 @@ std::string CheckIdentity(const Operands& o) {
   return "";
 }
 
+/// A float (not integer) dtype for input i (gates, probabilities).
+std::string InFloat(const Operands& o, size_t i) {
+  if (!IsIntegerDType(o.InTensor(i).dtype)) return "";
+  return o.Type() + ": " + o.InName(i) + " must have a float dtype";
+}
+
+/// (probs [..., E]) -> (gates [..., k], ids [..., k] integer); 1 <= k <= E.
+std::string CheckTopK(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(1, 2));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 1));
+  std::string error;
+  auto k = o.IntAttr("k", std::nullopt, &error);
+  if (!k) return error;
+  auto normalize = o.IntAttr("normalize", 0, &error);
+  if (!normalize) return error;
+  if (*normalize != 0 && *normalize != 1) return "top_k: attribute 'normalize' must be 0 or 1";
+  const Shape& p = o.In(0);
+  if (*k < 1 || *k > p.back())
+    return "top_k: attribute k=" + std::to_string(*k) + " must be in [1, " +
+           std::to_string(p.back()) + "] (the last dim of " + o.InName(0) + ")";
+  Shape want = DropLast(p);
+  want.push_back(*k);
+  CONCERTO_SHAPE_CHECK(o.OutIs(0, want, "gates: probs with k in the last dim"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(1, want, "ids: probs with k in the last dim"));
+  if (!IsIntegerDType(o.OutTensor(1).dtype))
+    return "top_k: " + o.OutName(1) + " must have an integer dtype (i32 or i64)";
+  return "";
+}
+
+/// (dgates [..., k], ids [..., k], probs [..., E]) -> dprobs [..., E].
+std::string CheckTopKGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(3, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(2, 1));
+  CONCERTO_SHAPE_CHECK(o.InInteger(1));
+  const Shape& p = o.In(2);
+  const Shape& g = o.In(0);
+  if (g.size() != p.size() || DropLast(g) != DropLast(p) || g.back() > p.back())
+    return "top_k_grad: " + o.InName(0) + " must be " + o.InName(2) +
+           " with k <= E in the last dim";
+  CONCERTO_SHAPE_CHECK(o.InIs(1, g, "ids have dgates' shape"));
+  return o.OutIs(0, p, "dprobs have probs' shape");
+}
+
+/// Checks tokens [G, n, h] at input `x`, ids [G, n, k] at input `ids` and
+/// expert buffers [E, G*C, h] (C >= 0 integral) described by `buffers`.
+std::string CheckMoeOperands(const Operands& o, const Shape& x, const std::string& x_name,
+                             size_t ids, const Shape& buffers, const std::string& buffers_name) {
+  CONCERTO_SHAPE_CHECK(o.InInteger(ids));
+  if (x.size() != 3) return o.Type() + ": " + x_name + " must be tokens [G, n, h] (rank 3)";
+  const Shape& id = o.In(ids);
+  if (id.size() != 3 || id[0] != x[0] || id[1] != x[1] || id[2] < 1)
+    return o.Type() + ": " + o.InName(ids) + " must be [G, n, k] with G, n from " + x_name;
+  if (buffers.size() != 3 || buffers[2] != x[2] || buffers[0] < 1 ||
+      (x[0] > 0 && buffers[1] % x[0] != 0))
+    return o.Type() + ": " + buffers_name + " must be expert buffers [E, G*C, h] with G=" +
+           std::to_string(x[0]) + " and h=" + std::to_string(x[2]) + " from " + x_name;
+  return "";
+}
+
+/// (x [G, n, h], ids [G, n, k]) -> buffers [E, G*C, h].
+std::string CheckMoeDispatch(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  return CheckMoeOperands(o, o.In(0), o.InName(0), 1, o.Out(0), o.OutName(0));
+}
+
+/// (dbuffers [E, G*C, h], ids [G, n, k]) -> dx [G, n, h].
+std::string CheckMoeDispatchGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  return CheckMoeOperands(o, o.Out(0), o.OutName(0), 1, o.In(0), o.InName(0));
+}
+
+/// (y [E, G*C, h], ids [G, n, k], gates [G, n, k]) -> out [G, n, h].
+std::string CheckMoeCombine(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(3, 1));
+  CONCERTO_SHAPE_CHECK(CheckMoeOperands(o, o.Out(0), o.OutName(0), 1, o.In(0), o.InName(0)));
+  CONCERTO_SHAPE_CHECK(InFloat(o, 2));
+  return o.InIs(2, o.In(1), "gates have ids' shape");
+}
+
+/// (dout [G, n, h], y [E, G*C, h], ids, gates) -> (dy = y, dgates = gates).
+std::string CheckMoeCombineGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(4, 2));
+  CONCERTO_SHAPE_CHECK(CheckMoeOperands(o, o.In(0), o.InName(0), 2, o.In(1), o.InName(1)));
+  CONCERTO_SHAPE_CHECK(InFloat(o, 3));
+  CONCERTO_SHAPE_CHECK(o.InIs(3, o.In(2), "gates have ids' shape"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(1), "dy has y's shape"));
+  return o.OutIs(1, o.In(3), "dgates have gates' shape");
+}
+
+/// (x) -> x with dims axis0 and axis1 swapped.
+std::string CheckTranspose(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(1, 1));
+  std::string error;
+  auto a0 = o.IntAttr("axis0", std::nullopt, &error);
+  auto a1 = a0 ? o.IntAttr("axis1", std::nullopt, &error) : std::nullopt;
+  if (!a0 || !a1) return error;
+  Shape y = o.In(0);
+  const int64_t rank = static_cast<int64_t>(y.size());
+  if (*a0 < 0 || *a0 >= rank || *a1 < 0 || *a1 >= rank)
+    return "transpose: attributes axis0=" + std::to_string(*a0) + ", axis1=" + std::to_string(*a1) +
+           " must be dims of " + o.InName(0);
+  std::swap(y[*a0], y[*a1]);
+  return o.OutIs(0, y, "x with axis0 and axis1 swapped");
+}
+
 /// Shape rule of one compute type.
 std::string CheckComputeType(const Operands& o, ComputeType type) {
   switch (type) {
@@ -422,6 +527,13 @@ std::string CheckComputeType(const Operands& o, ComputeType type) {
     case ComputeType::kConcat: return CheckConcat(o);
     case ComputeType::kCast: return CheckSameShapes(o, 1, 1);
     case ComputeType::kIdentity: return CheckIdentity(o);
+    case ComputeType::kTopK: return CheckTopK(o);
+    case ComputeType::kTopKGrad: return CheckTopKGrad(o);
+    case ComputeType::kMoeDispatch: return CheckMoeDispatch(o);
+    case ComputeType::kMoeDispatchGrad: return CheckMoeDispatchGrad(o);
+    case ComputeType::kMoeCombine: return CheckMoeCombine(o);
+    case ComputeType::kMoeCombineGrad: return CheckMoeCombineGrad(o);
+    case ComputeType::kTranspose: return CheckTranspose(o);
   }
   return "unknown compute type";
 }

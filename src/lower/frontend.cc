@@ -9,7 +9,7 @@
 namespace concerto {
 
 Result<Program> LowerModelPlan(const std::string& model, const std::string& plan_text) {
-  Result<ParallelPlan> plan = ParsePlan(plan_text);
+  Result<ParallelPlan> plan = LoadPlan(plan_text);  // a plan string, or a plan file
   if (!plan.ok()) return plan.status();
   const std::vector<std::string> evo = EvoformerPresetNames();
   if (std::find(evo.begin(), evo.end(), model) != evo.end()) {

@@ -2,8 +2,13 @@
 // a model. Every error names the item or the constraint that failed.
 #include "concerto/lower/plan.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <charconv>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <set>
 #include <string>
 #include <utility>
@@ -217,12 +222,25 @@ class PlanChecker {
     return Status::Ok();
   }
 
-  /// ep > 1 needs experts; the dense families here have none.
+  /// ep > 1 needs a mixture of experts whose expert count it divides, and
+  /// divides dp (the ep group is carved out of the data-parallel ranks); ep
+  /// does not combine with ZeRO; no MoE model runs under sp.
   Status Experts() const {
+    if (IsMoe(m_) && p_.sp)
+      return Fail("sp (sequence parallelism) is not supported with a mixture-of-experts model "
+                  "(the MoE layer routes whole sequences)");
     if (p_.ep <= 1) return Status::Ok();
-    return Fail("ep (" + std::to_string(p_.ep) +
-                ") must divide the number of experts, and '" + m_.name + "' is a dense " +
-                std::string(ToString(m_.family)) + " decoder with no experts");
+    if (!IsMoe(m_))
+      return Fail("ep (" + std::to_string(p_.ep) +
+                  ") must divide the number of experts, and '" + m_.name + "' is a dense " +
+                  std::string(ToString(m_.family)) + " decoder with no experts");
+    CONCERTO_RETURN_IF_ERROR(Divides("ep", p_.ep, "experts", m_.experts));
+    if (p_.dp % p_.ep != 0)
+      return Fail("ep (" + std::to_string(p_.ep) + ") must divide dp (" + std::to_string(p_.dp) +
+                  "): the expert-parallel group is carved out of the data-parallel ranks");
+    if (p_.zero > 0)
+      return Fail("zero=" + std::to_string(p_.zero) + " with ep > 1 is not supported");
+    return Status::Ok();
   }
 
   /// ZeRO shards every parameter on its first dimension over dp.
@@ -238,6 +256,7 @@ class PlanChecker {
     CONCERTO_RETURN_IF_ERROR(Divides(dp, p_.dp, "vocab/tp", m_.vocab / p_.tp));
     if (m_.family == ModelFamily::kGpt)
       CONCERTO_RETURN_IF_ERROR(Divides(dp, p_.dp, "seq (the position table)", m_.seq));
+    if (IsMoe(m_)) CONCERTO_RETURN_IF_ERROR(Divides(dp, p_.dp, "experts", m_.experts));
     return Status::Ok();
   }
 
@@ -284,6 +303,60 @@ ParallelPlan ToParallelPlan(const DpTpPlan& plan) {
   p.dp = plan.dp;
   p.tp = plan.tp;
   return p;
+}
+
+// ---------------------------------------------------------------------------
+// Plan files.
+
+Result<ParallelPlan> ParsePlanFile(const std::string& text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return Status::Error(source + ": line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  if (!root.IsMap()) return Status::Error(source + ": expected a map of plan keys (dp, tp, pp, ...)");
+  static const std::set<std::string> kIntegers = {"dp", "tp", "pp", "ep", "zero", "microbatches", "dap"};
+  std::string text_plan;
+  for (const auto& item : root) {
+    const std::string key = item.first.as<std::string>();
+    const YAML::Node& value = item.second;
+    const std::string where = source + ": key '" + key + "'";
+    if (!value.IsScalar()) return Status::Error(where + ": expected a scalar value");
+    const std::string v = value.Scalar();
+    std::string entry;
+    if (key == "sp") {
+      if (v == "true" || v == "1") entry = "sp=1";
+      else if (v == "false" || v == "0") entry = "sp=0";
+      else return Status::Error(where + ": expected true or false, got '" + v + "'");
+    } else if (kIntegers.count(key)) {
+      int64_t n = 0;
+      auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+      if (ec != std::errc() || end != v.data() + v.size() || n < 0 || n > (int64_t{1} << 30))
+        return Status::Error(where + ": expected a non-negative integer, got '" + v + "'");
+      entry = key + "=" + v;
+    } else {
+      return Status::Error(where + ": unknown key (known: dp, tp, pp, ep, sp, zero, microbatches, dap)");
+    }
+    text_plan += (text_plan.empty() ? "" : ",") + entry;
+  }
+  Result<ParallelPlan> plan = ParsePlan(text_plan);
+  if (!plan.ok()) return Status::Error(source + ": " + plan.status().message());
+  return plan;
+}
+
+Result<ParallelPlan> LoadPlanFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open the plan file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParsePlanFile(ss.str(), path);
+}
+
+Result<ParallelPlan> LoadPlan(const std::string& arg) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(arg, ec)) return LoadPlanFile(arg);
+  return ParsePlan(arg);
 }
 
 }  // namespace concerto

@@ -1,8 +1,9 @@
-// Decoder transformers (GPT, LLaMA) lowered for dp (plain or ZeRO 1/2/3),
-// Megatron tp and sequence parallelism, gradient accumulation over
-// micro-batches and 1F1B pipeline stages. The op list, the collective and
-// send/recv placement and the flop conventions are in docs/workloads.md and
-// docs/frontends.md.
+// Decoder transformers (GPT, LLaMA, and LLaMA blocks with a mixture of
+// experts) lowered for dp (plain or ZeRO 1/2/3), Megatron tp and sequence
+// parallelism, gradient accumulation over micro-batches, 1F1B pipeline
+// stages and expert parallelism (all-to-all dispatch and combine). The op
+// list, the collective and send/recv placement and the flop conventions are
+// in docs/workloads.md and docs/frontends.md ("MoE / ep").
 #include "concerto/lower/transformer.h"
 #include "concerto/lower/graph_builder.h"
 
@@ -11,6 +12,8 @@
 #include <algorithm>
 #include <cassert>
 #include <charconv>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -48,6 +51,13 @@ constexpr double kSumExpFlopsPerElem = 3;  // subtract, exp, accumulate
 constexpr double kCrossEntropyFlopsPerToken = 4;
 constexpr double kCrossEntropyGradFlopsPerElem = 4;
 constexpr double kAdamFlopsPerElem = 10;
+constexpr double kSoftmaxFlopsPerElem = 5;      // max, subtract, exp, sum, divide
+constexpr double kSoftmaxGradFlopsPerElem = 4;  // product, row sum, subtract, product
+constexpr double kTopKFlopsPerElem = 2;         // per router probability (k small)
+constexpr double kTopKGradFlopsPerChoice = 4;   // per (token, choice)
+constexpr double kCombineFlopsPerElem = 2;      // gate * row + accumulate, per (token, choice, h)
+constexpr double kCombineGradFlopsPerElem = 4;  // dy row and the gate's dot product
+constexpr double kDispatchGradFlopsPerElem = 1; // accumulate, per (token, choice, h)
 
 constexpr double kLayerNormEps = 1e-5;
 constexpr double kRmsNormEps = 1e-6;
@@ -195,6 +205,7 @@ class StepScope {
 struct Param {
   std::string name;  // the full local (tp-sharded) tensor that compute ops read
   int layer = -1;
+  Axes sync;          // mesh axes its gradient is summed over (the ranks holding it)
   Shape shape;        // local shape of `name`
   Sharding sharding;  // sharding of `name`
   std::string stored;       // what Adam updates: `name`, or `name`.shard under ZeRO
@@ -220,11 +231,13 @@ class ParamStore {
   /// outside the blocks) the first time; returns its name. Under ZeRO the
   /// graph input holding this rank's dp shard is `name`.shard; ZeRO-1/2 also
   /// keep `name` whole.
-  std::string Declare(const std::string& name, Shape shape, Sharding sharding, int layer) {
+  std::string Declare(const std::string& name, Shape shape, Sharding sharding, int layer,
+                      bool expert = false) {
     if (index_.count(name)) return name;
     Param p;
     p.name = name;
     p.layer = layer;
+    p.sync = SyncAxes(expert);
     p.shape = std::move(shape);
     p.sharding = std::move(sharding);
     p.stored = name;
@@ -272,7 +285,7 @@ class ParamStore {
   /// replicated over tp but sees only this rank's sequence shard).
   std::string NewGrad(const std::string& grad_name, const std::string& param, bool tp_partial) {
     const Param& p = Find(param);
-    Axes partial = DpPartial();
+    Axes partial = p.sync;
     if (tp_partial) partial.push_back("tp");
     return b_->AddTensor(grad_name, p.shape, dtype_, p.sharding, std::move(partial));
   }
@@ -327,8 +340,17 @@ class ParamStore {
   /// in micro-batch order).
   bool LastMicrobatch() const { return b_->Microbatch() == plan_.microbatches - 1; }
 
-  /// {"dp"} when dp > 1: a raw gradient's pending reduction.
-  Axes DpPartial() const { return plan_.dp > 1 ? Axes{"dp"} : Axes{}; }
+  /// The data-parallel axes a parameter's gradient is summed over (its
+  /// raw gradient's pending reduction): {"dp"} when dp > 1; with ep > 1 (mesh
+  /// {dp: dp/ep, ep}) {"dp", "ep"} for a replicated parameter and {"dp"} for
+  /// an expert's (its replicas differ only along dp); axes of size 1 dropped.
+  Axes SyncAxes(bool expert) const {
+    Axes axes;
+    const int outer = plan_.dp / plan_.ep;
+    if (outer > 1) axes.push_back("dp");
+    if (plan_.ep > 1 && !expert) axes.push_back("ep");
+    return axes;
+  }
 
   /// Whether `tensor` holds a pending partial sum over `axis`.
   bool IsPartialOver(const std::string& tensor, const std::string& axis) const {
@@ -372,14 +394,14 @@ class ParamStore {
     std::string g = grad;
     if (IsPartialOver(g, "tp")) {
       const std::string out =
-          b_->AddTensor(p.name + ".grad.tp_ar", p.shape, dtype_, p.sharding, DpPartial());
+          b_->AddTensor(p.name + ".grad.tp_ar", p.shape, dtype_, p.sharding, p.sync);
       b_->AddCollective(p.name + ".grad.tp_ar", CollectiveType::kAllReduce, g, out, {"tp"},
                         ReduceOp::kSum, kGradSync);
       g = out;
     }
-    if (plan_.dp > 1 && plan_.zero == 0) {
+    if (!p.sync.empty() && plan_.zero == 0) {
       const std::string out = b_->AddTensor(p.name + ".grad.ar", p.shape, dtype_, p.sharding);
-      b_->AddCollective(p.name + ".grad.ar", CollectiveType::kAllReduce, g, out, {"dp"},
+      b_->AddCollective(p.name + ".grad.ar", CollectiveType::kAllReduce, g, out, p.sync,
                         ReduceOp::kSum, kGradSync);
       g = out;
     } else if (plan_.zero > 0) {
@@ -433,6 +455,9 @@ struct LocalDims {
   int64_t vocab_tp = 0;   // V/tp
   int64_t heads_tp = 0;   // a/tp
   int64_t kv_heads_tp = 0;  // kv_heads/tp
+  int64_t experts = 0;        // E (MoE)
+  int64_t experts_local = 0;  // E/ep, the experts this rank holds
+  int64_t slots = 0;          // B*C: each expert's buffer rows for this rank's sequences
 };
 
 /// Forward tensors of one block that its backward reads. `*_full` are the
@@ -442,6 +467,10 @@ struct BlockActs {
   std::string up;   // gpt: fc1 output; llama: up projection output
   std::string gate; // llama: gate projection output
   std::string act;  // gpt: gelu output; llama: swiglu output
+  // MoE (gate, up and act above are the experts' [E/ep, T, f/tp] tensors):
+  std::string probs, gates, ids;  // router softmax [B, s, E]; top-k gates and ids [B, s, k]
+  std::string expert_in;          // the experts' input rows [E/ep, T, h]
+  std::string expert_out;         // the combine's input, expert outputs [E, B*C, h]
 };
 
 /// Forward tensors of one micro-batch that its backward reads.
@@ -512,6 +541,9 @@ class TransformerLowering {
     d_.vocab_tp = model.vocab / plan.tp;
     d_.heads_tp = model.heads / plan.tp;
     d_.kv_heads_tp = model.kv_heads / plan.tp;
+    d_.experts = model.experts;
+    d_.experts_local = model.experts / plan.ep;
+    d_.slots = model.batch * MoeCapacity(model);
   }
 
   /// Emits the stage's forwards and backwards in 1F1B order, then the
@@ -654,12 +686,15 @@ class TransformerLowering {
   /// {"tp"} when tp > 1: the partial sum a row-parallel matmul leaves.
   Axes TpPartial() const { return plan_.tp > 1 ? Axes{"tp"} : Axes{}; }
 
+  /// The mesh axes the batch is sharded over: {"dp"}, or {"dp", "ep"} with
+  /// expert parallelism (the ep group is carved out of the dp ranks).
+  Axes DataAxes() const { return plan_.ep > 1 ? Axes{"dp", "ep"} : Axes{"dp"}; }
   /// [B, s(, n)]: the batch dim is this rank's dp share of the global batch;
   /// the sequence dim is sharded over tp when `seq_on_tp`, the last dim (of a
   /// rank-3 tensor) when `last_on_tp`.
-  static Sharding ActSharding(int rank, bool seq_on_tp, bool last_on_tp) {
+  Sharding ActSharding(int rank, bool seq_on_tp, bool last_on_tp) const {
     Sharding s(rank);
-    s[0] = {"dp"};
+    s[0] = DataAxes();
     if (seq_on_tp) s[1] = {"tp"};
     if (last_on_tp && rank == 3) s[2] = {"tp"};
     return s;
@@ -870,7 +905,9 @@ class TransformerLowering {
     a.res1 = ResidAct(p + "attn.res.out");
     Add(p + "attn.res", x, attn_out, a.res1);
     a.n2_full = TpGather(p + "ln2", Norm(p + "ln2", a.res1, layer));
-    std::string mlp_out = Gpt() ? GptMlpForward(layer, &a) : LlamaMlpForward(layer, &a);
+    std::string mlp_out = Gpt()          ? GptMlpForward(layer, &a)
+                          : IsMoe(m_)    ? MoeForward(layer, &a)
+                                         : LlamaMlpForward(layer, &a);
     std::string res2 = ResidAct(p + "mlp.res.out");
     Add(p + "mlp.res", a.res1, mlp_out, res2);
     Acts().blocks.push_back(a);
@@ -963,6 +1000,147 @@ class TransformerLowering {
     return TpReduce(p + "down", RowLinear(p, "down", a->act, d_.ffn_tp, layer));
   }
 
+  // ---- mixture of experts ---------------------------------------------------
+
+  /// Expert buffers [E, B*C, h]: every expert's C slots for each of this
+  /// rank's B sequences (dim 1 sharded like the batch).
+  std::string ExpertBuffer(const std::string& name) {
+    return b_.AddTensor(name, {d_.experts, d_.slots, d_.hidden}, m_.dtype, {{}, DataAxes(), {}});
+  }
+  /// The local experts' rows [E/ep, ep*B*C, width]: dim 0 sharded over ep,
+  /// dim 1 (the slots of the ep group's sequences, in data-rank order) over
+  /// dp, the last over tp when `on_tp`.
+  std::string ExpertRows(const std::string& name, int64_t width, bool on_tp, Axes partial = {}) {
+    Sharding sharding = {plan_.ep > 1 ? Axes{"ep"} : Axes{}, {"dp"}, on_tp ? Axes{"tp"} : Axes{}};
+    return b_.AddTensor(name, {d_.experts_local, plan_.ep * d_.slots, width}, m_.dtype,
+                        std::move(sharding), std::move(partial));
+  }
+  /// A row-major view (identity, no bytes moved).
+  void View(const std::string& name, const std::string& in, const std::string& out) {
+    const int id = b_.AddCompute(name, ComputeType::kIdentity, {in}, {out}, 0);
+    b_.SetBytes(id, 0);
+  }
+  /// Expert buffers [E, B*C, h] -> the local experts' rows [E/ep, ep*B*C, h].
+  /// With ep > 1: an all-to-all over ep (`base`.a2a: chunk j, experts
+  /// [j E/ep, (j+1) E/ep), goes to ep rank j, which receives [ep, E/ep, B*C,
+  /// h] by source), a transpose to [E/ep, ep, B*C, h] and a view. With ep = 1
+  /// the buffers are the rows.
+  std::string ToExperts(const std::string& base, const std::string& buffers) {
+    if (plan_.ep == 1) return buffers;
+    const int64_t ep = plan_.ep, el = d_.experts_local;
+    std::string recv = b_.AddTensor(base + ".a2a.out", {ep, el, d_.slots, d_.hidden}, m_.dtype,
+                                    {{}, {"ep"}, {"dp"}, {}});
+    b_.AddCollective(base + ".a2a", CollectiveType::kAllToAll, buffers, recv, {"ep"},
+                     ReduceOp::kSum, kActivation);
+    std::string by_expert = b_.AddTensor(base + ".transpose.out", {el, ep, d_.slots, d_.hidden},
+                                         m_.dtype, {{"ep"}, {}, {"dp"}, {}});
+    b_.AddCompute(base + ".transpose", ComputeType::kTranspose, {recv}, {by_expert}, 0,
+                  {{"axis0", 0}, {"axis1", 1}});
+    std::string rows = ExpertRows(base + ".rows", d_.hidden, false);
+    View(base + ".view", by_expert, rows);
+    return rows;
+  }
+  /// The inverse of ToExperts: the local experts' rows [E/ep, ep*B*C, h] back
+  /// to this rank's expert buffers [E, B*C, h] (view, transpose, all-to-all
+  /// `base`.a2a over ep).
+  std::string FromExperts(const std::string& base, const std::string& rows) {
+    if (plan_.ep == 1) return rows;
+    const int64_t ep = plan_.ep, el = d_.experts_local;
+    std::string by_expert = b_.AddTensor(base + ".view.out", {el, ep, d_.slots, d_.hidden},
+                                         m_.dtype, {{"ep"}, {}, {"dp"}, {}});
+    View(base + ".view", rows, by_expert);
+    std::string send = b_.AddTensor(base + ".transpose.out", {ep, el, d_.slots, d_.hidden},
+                                    m_.dtype, {{}, {"ep"}, {"dp"}, {}});
+    b_.AddCompute(base + ".transpose", ComputeType::kTranspose, {by_expert}, {send}, 0,
+                  {{"axis0", 0}, {"axis1", 1}});
+    std::string buffers = ExpertBuffer(base + ".a2a.out");
+    b_.AddCollective(base + ".a2a", CollectiveType::kAllToAll, send, buffers, {"ep"},
+                     ReduceOp::kSum, kActivation);
+    return buffers;
+  }
+  /// out = x [E/ep, T, k] x w [E/ep, k, n] (w [E/ep, n, k] with transpose_w),
+  /// batched over the local experts: 2 * E/ep * T * k * n flops.
+  void ExpertMatmul(const std::string& name, const std::string& x, const std::string& w,
+                    const std::string& out, bool transpose_w) {
+    const Tensor& xt = b_.Get(x);
+    const double flops =
+        2.0 * xt.shape[0] * xt.shape[1] * xt.shape[2] * b_.Get(out).shape[2];
+    b_.AddCompute(name, ComputeType::kMatmul, {x, w}, {out}, flops,
+                  {{"transpose_a", 0}, {"transpose_b", transpose_w ? 1.0 : 0.0}});
+  }
+  /// "<linear>.dW": the gradient [E/ep, k, n] of expert weight "<linear>.w"
+  /// = x^T dy per local expert (x [E/ep, T, k], dy [E/ep, T, n]), synced
+  /// over the expert's data-parallel replicas right after.
+  void ExpertWeightGrad(const std::string& linear, const std::string& x, const std::string& dy) {
+    const std::string w = linear + ".w";
+    std::string grad = params_.NewGrad(w + ".grad", w, false);
+    const Tensor& xt = b_.Get(x);
+    const double flops = 2.0 * xt.shape[0] * xt.shape[1] * xt.shape[2] * b_.Get(dy).shape[2];
+    b_.AddCompute(linear + ".dW", ComputeType::kMatmul, {x, dy}, {grad}, flops,
+                  {{"transpose_a", 1}, {"transpose_b", 0}});
+    params_.AddGrad(w, grad);
+  }
+  /// Declares an expert weight of local shape [E/ep, rows, cols] (dim 0
+  /// sharded over ep, `tp_dim` over tp) and returns the tensor forward ops read.
+  std::string ExpertParam(const std::string& name, int64_t rows, int64_t cols, int tp_dim,
+                          int layer) {
+    Sharding sharding = {plan_.ep > 1 ? Axes{"ep"} : Axes{}, {}, {}};
+    sharding[tp_dim] = {"tp"};
+    return params_.Fwd(
+        params_.Declare(name, {d_.experts_local, rows, cols}, std::move(sharding), layer, true));
+  }
+  /// Elements of tensor `t`.
+  double Elems(const std::string& t) const { return static_cast<double>(b_.Get(t).NumElements()); }
+  /// B*s*k*h: one token row per (token, routing choice).
+  double ChoiceRowElems() const {
+    return static_cast<double>(d_.batch) * d_.seq * m_.top_k * d_.hidden;
+  }
+
+  /// The MoE layer that replaces a llama block's MLP: router [h, E] ->
+  /// softmax -> top-k (gates normalized over the k choices, expert ids) ->
+  /// dispatch into expert buffers [E, B*C, h] (C slots per expert and
+  /// sequence, later choices dropped) -> to the experts (all-to-all over ep)
+  /// -> SwiGLU experts batched over the local experts (gate/up column- and
+  /// down row-parallel over tp, whose partial sums are all-reduced over tp)
+  /// -> back (all-to-all over ep) -> gate-weighted combine. Returns the
+  /// layer's output [B, s, h], whole (no tp reduction follows).
+  std::string MoeForward(int layer, BlockActs* a) {
+    const std::string p = LayerPrefix(layer) + "moe.", e = p + "experts.";
+    const int64_t h = d_.hidden, f = d_.ffn_tp;
+    std::string router = UseParam(p + "router.w", {h, d_.experts}, {{}, {}}, layer);
+    std::string logits = Act(p + "router.out", d_.experts, false);
+    Linear(p + "router", a->n2_full, router, logits, false);
+    a->probs = Act(p + "softmax.out", d_.experts, false);
+    b_.AddCompute(p + "softmax", ComputeType::kSoftmax, {logits}, {a->probs},
+                  kSoftmaxFlopsPerElem * Elems(logits));
+    a->gates = Act(p + "top_k.gates", m_.top_k, false);
+    a->ids = b_.AddTensor(p + "top_k.ids", {d_.batch, d_.seq, m_.top_k}, DType::kI32,
+                          ActSharding(3, false, false));
+    b_.AddCompute(p + "top_k", ComputeType::kTopK, {a->probs}, {a->gates, a->ids},
+                  kTopKFlopsPerElem * Elems(a->probs),
+                  {{"k", static_cast<double>(m_.top_k)}, {"normalize", 1}});
+    std::string buffers = ExpertBuffer(p + "dispatch.out");
+    b_.AddCompute(p + "dispatch", ComputeType::kMoeDispatch, {a->n2_full, a->ids}, {buffers}, 0);
+    a->expert_in = ToExperts(p + "dispatch", buffers);
+    const std::string w_gate = ExpertParam(e + "gate.w", h, f, 2, layer);
+    const std::string w_up = ExpertParam(e + "up.w", h, f, 2, layer);
+    const std::string w_down = ExpertParam(e + "down.w", f, h, 1, layer);
+    a->gate = ExpertRows(e + "gate.out", f, true);
+    ExpertMatmul(e + "gate", a->expert_in, w_gate, a->gate, false);
+    a->up = ExpertRows(e + "up.out", f, true);
+    ExpertMatmul(e + "up", a->expert_in, w_up, a->up, false);
+    a->act = ExpertRows(e + "swiglu.out", f, true);
+    b_.AddCompute(e + "swiglu", ComputeType::kSwiglu, {a->gate, a->up}, {a->act},
+                  kSwigluFlopsPerElem * Elems(a->act));
+    std::string down = ExpertRows(e + "down.out", h, false, TpPartial());
+    ExpertMatmul(e + "down", a->act, w_down, down, false);
+    a->expert_out = FromExperts(p + "combine", TpAllReduce(e + "down.ar", down, ReduceOp::kSum));
+    std::string out = Act(p + "combine.out", h, false);
+    b_.AddCompute(p + "combine", ComputeType::kMoeCombine, {a->expert_out, a->ids, a->gates},
+                  {out}, kCombineFlopsPerElem * ChoiceRowElems());
+    return out;
+  }
+
   /// The LM head's weight: the word table (gpt, tied) or head.w (llama), [V/tp, h].
   std::string HeadWeight() const { return Gpt() ? "embed.word.table" : "head.w"; }
 
@@ -1049,7 +1227,9 @@ class TransformerLowering {
     b_.SetLayer(layer);
     const std::string p = LayerPrefix(layer);
     const BlockActs& a = Acts().blocks[layer - stage_.first_layer];
-    std::string dn2 = Gpt() ? GptMlpBackward(layer, a, dy) : LlamaMlpBackward(layer, a, dy);
+    std::string dn2 = Gpt()       ? GptMlpBackward(layer, a, dy)
+                      : IsMoe(m_) ? MoeBackward(layer, a, dy)
+                                  : LlamaMlpBackward(layer, a, dy);
     std::string dres1_norm = NormGrad(p + "ln2", dn2, a.res1);
     std::string dres1 = ResidAct(p + "mlp.res.grad.out");
     Add(p + "mlp.res.grad", dy, dres1_norm, dres1);
@@ -1113,6 +1293,55 @@ class TransformerLowering {
     std::string dn2 = TpReduce(p + "gate_up.dX", AddPartial(p + "gate_up.dX", dx_gate, dx_up));
     WeightGrad(p + "gate", a.n2_full, dgate);
     WeightGrad(p + "up", a.n2_full, dup);
+    return dn2;
+  }
+
+  /// Backward of MoeForward given d(layer output) `dy`: combine grad (d
+  /// expert outputs, d gates) -> to the experts (all-to-all over ep) -> down
+  /// dX and dW, swiglu grad, gate and up dX (summed, all-reduced over tp) and
+  /// dW -> back (all-to-all over ep) -> dispatch grad; gates -> top-k grad ->
+  /// softmax grad -> router dX and dW; returns d(ln2 out), the two input
+  /// grads summed.
+  std::string MoeBackward(int layer, const BlockActs& a, const std::string& dy) {
+    const std::string p = LayerPrefix(layer) + "moe.", e = p + "experts.";
+    const int64_t h = d_.hidden, f = d_.ffn_tp;
+    std::string dbuffers = ExpertBuffer(p + "combine.grad.dy");
+    std::string dgates = Act(p + "combine.grad.dgates", m_.top_k, false);
+    b_.AddCompute(p + "combine.grad", ComputeType::kMoeCombineGrad,
+                  {dy, a.expert_out, a.ids, a.gates}, {dbuffers, dgates},
+                  kCombineGradFlopsPerElem * ChoiceRowElems());
+    std::string drows = ToExperts(p + "combine.grad", dbuffers);
+    std::string dact = ExpertRows(e + "down.dX.out", f, true);
+    ExpertMatmul(e + "down.dX", drows, params_.Bwd(e + "down.w"), dact, true);
+    ExpertWeightGrad(e + "down", a.act, drows);
+    std::string dgate = ExpertRows(e + "swiglu.grad.dgate", f, true);
+    std::string dup = ExpertRows(e + "swiglu.grad.dup", f, true);
+    b_.AddCompute(e + "swiglu.grad", ComputeType::kSwigluGrad, {dact, a.gate, a.up}, {dgate, dup},
+                  kSwigluGradFlopsPerElem * Elems(dact));
+    std::string dx_gate = ExpertRows(e + "gate.dX.out", h, false, TpPartial());
+    ExpertMatmul(e + "gate.dX", dgate, params_.Bwd(e + "gate.w"), dx_gate, true);
+    std::string dx_up = ExpertRows(e + "up.dX.out", h, false, TpPartial());
+    ExpertMatmul(e + "up.dX", dup, params_.Bwd(e + "up.w"), dx_up, true);
+    std::string dx_rows = ExpertRows(e + "gate_up.dX.out", h, false, TpPartial());
+    Add(e + "gate_up.dX", dx_gate, dx_up, dx_rows);
+    dx_rows = TpAllReduce(e + "gate_up.dX.ar", dx_rows, ReduceOp::kSum);
+    ExpertWeightGrad(e + "gate", a.expert_in, dgate);
+    ExpertWeightGrad(e + "up", a.expert_in, dup);
+    std::string dx_buffers = FromExperts(p + "dispatch.grad", dx_rows);
+    std::string dx_experts = Act(p + "dispatch.grad.out", h, false);
+    b_.AddCompute(p + "dispatch.grad", ComputeType::kMoeDispatchGrad, {dx_buffers, a.ids},
+                  {dx_experts}, kDispatchGradFlopsPerElem * ChoiceRowElems());
+    std::string dprobs = Act(p + "top_k.grad.out", d_.experts, false);
+    b_.AddCompute(p + "top_k.grad", ComputeType::kTopKGrad, {dgates, a.ids, a.probs}, {dprobs},
+                  kTopKGradFlopsPerChoice * Elems(dgates), {{"normalize", 1}});
+    std::string dlogits = Act(p + "softmax.grad.out", d_.experts, false);
+    b_.AddCompute(p + "softmax.grad", ComputeType::kSoftmaxGrad, {dprobs, a.probs}, {dlogits},
+                  kSoftmaxGradFlopsPerElem * Elems(dlogits));
+    std::string dx_router = Act(p + "router.dX.out", h, false);
+    Linear(p + "router.dX", dlogits, params_.Bwd(p + "router.w"), dx_router, true);
+    WeightGrad(p + "router", a.n2_full, dlogits);
+    std::string dn2 = Act(p + "dX.out", h, false);
+    Add(p + "dX", dx_experts, dx_router, dn2);
     return dn2;
   }
 
@@ -1202,7 +1431,6 @@ Status CheckImplemented(const ParallelPlan& plan) {
     return Status::Error("plan '" + PlanToString(plan) + "': " + what +
                          " is not implemented yet in this frontend (docs/frontends.md)");
   };
-  if (plan.ep > 1) return missing("expert parallelism (ep > 1)");
   if (plan.dap > 1) return missing("dynamic axial parallelism (dap)");
   return Status::Ok();
 }
@@ -1212,6 +1440,7 @@ std::string ProgramName(const ModelConfig& model, const ParallelPlan& plan) {
   std::string name = model.name.empty() ? std::string(ToString(model.family)) : model.name;
   name += ".dp" + std::to_string(plan.dp) + ".tp" + std::to_string(plan.tp);
   if (plan.pp > 1) name += ".pp" + std::to_string(plan.pp);
+  if (plan.ep > 1) name += ".ep" + std::to_string(plan.ep);
   if (plan.sp) name += ".sp";
   if (plan.zero > 0) name += ".zero" + std::to_string(plan.zero);
   if (plan.microbatches > 1) name += ".mb" + std::to_string(plan.microbatches);
@@ -1236,15 +1465,21 @@ Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& p
   CONCERTO_RETURN_IF_ERROR(CheckImplemented(plan));
   Program program;
   program.name = ProgramName(model, plan);
+  // With ep > 1 the data-parallel ranks are dp/ep replicas x ep experts groups.
+  std::vector<MeshAxis> data = {{"dp", plan.dp}};
+  if (plan.ep > 1) data = {{"dp", plan.dp / plan.ep}, {"ep", plan.ep}};
   if (plan.pp == 1) {
-    program.mesh.axes = {{"dp", plan.dp}, {"tp", plan.tp}};
+    program.mesh.axes = data;
+    program.mesh.axes.push_back({"tp", plan.tp});
     program.graphs.push_back(LowerStage(model, plan, 0, "main"));
     Role role{"spmd", "main", {}};
     for (int r = 0; r < program.mesh.NumRanks(); ++r) role.ranks.push_back(r);
     program.roles.push_back(std::move(role));
     return program;
   }
-  program.mesh.axes = {{"pp", plan.pp}, {"dp", plan.dp}, {"tp", plan.tp}};
+  program.mesh.axes = {{"pp", plan.pp}};
+  program.mesh.axes.insert(program.mesh.axes.end(), data.begin(), data.end());
+  program.mesh.axes.push_back({"tp", plan.tp});
   const int stage_ranks = plan.dp * plan.tp;  // pp is outermost: a stage's ranks are contiguous
   for (int i = 0; i < plan.pp; ++i) {
     const std::string name = "stage" + std::to_string(i);
@@ -1267,6 +1502,8 @@ struct PresetRow {
   const char* name;
   ModelFamily family;
   int layers, hidden, heads, kv_heads, ffn_hidden, seq, vocab, batch;
+  int experts = 0, top_k = 0;  // mixture of experts (llama blocks)
+  double capacity_factor = 0;
 };
 
 // GPT: REFERENCES.md "Standard workloads" (Alpa's GPT-3 family; gpt-13b with
@@ -1283,6 +1520,12 @@ constexpr PresetRow kPresets[] = {
     {"llama-tiny", ModelFamily::kLlama, 2, 256, 8, 2, 512, 64, 512, 2},
     {"llama-7b", ModelFamily::kLlama, 32, 4096, 32, 32, 11008, 4096, 32000, 4},
     {"llama-70b", ModelFamily::kLlama, 80, 8192, 64, 8, 28672, 4096, 32000, 1},
+    // Mixtral-like: LLaMA blocks (RMSNorm, GQA) with the MLP replaced by E
+    // SwiGLU experts of width ffn_hidden, top-2 routing. Mixtral 8x7B's sizes
+    // (46.7B parameters), sequence 4096 as llama; capacity factor 1.25 (GShard).
+    // The tiny one drops tokens at capacity factor 1 (C = 32 of 64 tokens x 2).
+    {"mixtral-tiny", ModelFamily::kLlama, 2, 256, 8, 2, 256, 64, 512, 2, 4, 2, 1.0},
+    {"mixtral-8x7b", ModelFamily::kLlama, 32, 4096, 32, 8, 14336, 4096, 32000, 1, 8, 2, 1.25},
 };
 
 /// The ModelConfig of a preset row.
@@ -1298,6 +1541,9 @@ ModelConfig FromRow(const PresetRow& r) {
   m.seq = r.seq;
   m.vocab = r.vocab;
   m.batch = r.batch;
+  m.experts = r.experts;
+  m.top_k = r.top_k;
+  m.capacity_factor = r.capacity_factor;
   return m;
 }
 
@@ -1347,14 +1593,31 @@ class ModelSpecReader {
     if (key == "name") return String(key, node, &m_.name);
     if (key == "family") return Family(key, node);
     if (key == "dtype") return Dtype(key, node);
+    if (key == "capacity_factor") return Positive(key, node, &m_.capacity_factor);
     const std::map<std::string, int*> ints = {
         {"layers", &m_.layers},         {"hidden", &m_.hidden}, {"heads", &m_.heads},
         {"kv_heads", &m_.kv_heads},     {"seq", &m_.seq},       {"vocab", &m_.vocab},
-        {"ffn_hidden", &m_.ffn_hidden}, {"batch", &m_.batch}};
+        {"ffn_hidden", &m_.ffn_hidden}, {"batch", &m_.batch},   {"experts", &m_.experts},
+        {"top_k", &m_.top_k}};
     auto it = ints.find(key);
     if (it != ints.end()) return Integer(key, node, it->second);
     return FieldError(key, "unknown field (known: name, family, layers, hidden, heads, kv_heads, "
-                           "ffn_hidden, seq, vocab, batch, dtype)");
+                           "ffn_hidden, seq, vocab, batch, dtype, experts, top_k, "
+                           "capacity_factor)");
+  }
+
+  /// A finite number > 0 written as a number (not quoted).
+  Status Positive(const std::string& key, const YAML::Node& node, double* out) const {
+    const std::string text = node.IsScalar() ? node.Scalar() : std::string();
+    char* end = nullptr;
+    const double v = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+    const bool number = node.IsScalar() && node.Tag() != "!" && !text.empty() &&
+                        end == text.c_str() + text.size();
+    if (!number || !std::isfinite(v) || v <= 0)
+      return FieldError(key, "must be a number > 0, got " +
+                                 (node.IsScalar() ? "'" + text + "'" : std::string("a non-scalar")));
+    *out = v;
+    return Status::Ok();
   }
 
   /// Required fields present; kv_heads, ffn_hidden (gpt) defaulted.
@@ -1362,6 +1625,11 @@ class ModelSpecReader {
     for (const char* required : {"family", "layers", "hidden", "heads", "seq", "vocab"})
       if (!seen.count(required)) return FieldError(required, "missing (required)");
     if (!seen.count("kv_heads")) m_.kv_heads = m_.heads;
+    const bool moe = seen.count("experts") > 0;
+    for (const char* key : {"top_k", "capacity_factor"})
+      if (!moe && seen.count(key)) return FieldError(key, "needs 'experts' (a mixture of experts)");
+    if (moe && !seen.count("top_k")) m_.top_k = std::min(2, m_.experts);
+    if (moe && !seen.count("capacity_factor")) m_.capacity_factor = 1.0;
     if (!seen.count("ffn_hidden")) {
       if (m_.family != ModelFamily::kGpt)
         return FieldError("ffn_hidden", "missing (required for family llama)");
@@ -1420,6 +1688,27 @@ class ModelSpecReader {
 /// "model 'x': <what>".
 Status ModelError(const ModelConfig& m, const std::string& what) {
   return Status::Error("model '" + m.name + "': " + what);
+}
+
+/// The mixture-of-experts fields: all unset for a dense model; otherwise
+/// family llama, 1 <= top_k <= experts, a finite capacity_factor > 0.
+Status ValidateExperts(const ModelConfig& m) {
+  if (m.experts < 0) return ModelError(m, "experts must be >= 0, got " + std::to_string(m.experts));
+  if (m.experts == 0) {
+    if (m.top_k != 0 || m.capacity_factor != 0)
+      return ModelError(m, "top_k and capacity_factor need experts > 0 (a mixture of experts)");
+    return Status::Ok();
+  }
+  if (m.family != ModelFamily::kLlama)
+    return ModelError(m, "experts need family llama (MoE replaces the SwiGLU MLP), got family " +
+                             std::string(ToString(m.family)));
+  if (m.top_k < 1 || m.top_k > m.experts)
+    return ModelError(m, "top_k (" + std::to_string(m.top_k) + ") must be in [1, experts (" +
+                             std::to_string(m.experts) + ")]");
+  if (!std::isfinite(m.capacity_factor) || m.capacity_factor <= 0)
+    return ModelError(m, "capacity_factor must be a finite number > 0, got " +
+                             std::to_string(m.capacity_factor));
+  return Status::Ok();
 }
 
 }  // namespace
@@ -1488,7 +1777,7 @@ Status ValidateModel(const ModelConfig& m) {
                              std::to_string(m.heads) + ")");
   if (m.dtype == DType::kI32 || m.dtype == DType::kI64)
     return ModelError(m, "dtype must be bf16, f16 or f32");
-  return Status::Ok();
+  return ValidateExperts(m);
 }
 
 int64_t ModelParameterCount(const ModelConfig& m) {
@@ -1498,8 +1787,18 @@ int64_t ModelParameterCount(const ModelConfig& m) {
     const int64_t per_layer = attention + 2 * h * f + 4 * h;  // fc1, fc2; two LayerNorms
     return m.layers * per_layer + int64_t{m.vocab} * h + int64_t{m.seq} * h + 2 * h;
   }
-  const int64_t per_layer = attention + 3 * h * f + 2 * h;  // gate, up, down; two RMSNorms
+  const int64_t mlp = IsMoe(m) ? m.experts * 3 * h * f + h * m.experts  // experts, router
+                               : 3 * h * f;                         // gate, up, down
+  const int64_t per_layer = attention + mlp + 2 * h;  // two RMSNorms
   return m.layers * per_layer + 2 * int64_t{m.vocab} * h + h;
+}
+
+bool IsMoe(const ModelConfig& model) { return model.experts > 0; }
+
+int64_t MoeCapacity(const ModelConfig& m) {
+  if (!IsMoe(m)) return 0;
+  const double slots = m.capacity_factor * m.seq * m.top_k / static_cast<double>(m.experts);
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(slots - 1e-9)));
 }
 
 }  // namespace concerto

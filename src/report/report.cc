@@ -50,6 +50,24 @@ const Op& OpOfRecord(const Program& p, const OpRecord& r) {
 
 }  // namespace
 
+std::map<std::string, std::map<int, double>> ExposedCommByOp(const ScheduledProgram& sp, const Timeline& timeline) {
+  const Program& p = sp.program;
+  std::map<int, std::vector<Interval>> compute;
+  for (const OpRecord& r : timeline.records)
+    if (!OpOfRecord(p, r).IsComm()) compute[r.rank].push_back({r.start_us, r.end_us});
+  std::map<int, std::vector<Interval>> covers;
+  for (auto& [rank, intervals] : compute) covers[rank] = Union(intervals);
+  std::map<std::string, std::map<int, double>> exposed;
+  for (const OpRecord& r : timeline.records) {
+    const Op& op = OpOfRecord(p, r);
+    if (!op.IsComm()) continue;
+    const std::string& graph = p.roles[p.RoleOfRank(r.rank)].graph;
+    double& e = exposed[graph][op.id];
+    e = std::max(e, Uncovered(r.start_us, r.end_us, covers[r.rank]));
+  }
+  return exposed;
+}
+
 Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const CostModel& cost) {
   const Program& p = sp.program;
   Summary s;

@@ -133,6 +133,7 @@ class RankExecutor {
     for (int op_index : stream_ops_[s]) {
       if (!WaitForPreds(op_index)) return;
       const Op& op = graph_->ops[op_index];
+      if (options_.before_op) options_.before_op(rank_, op_index, op);
       const double start = Micros();
       Status st = Execute(op);
       const double end = Micros();
@@ -393,7 +394,7 @@ const std::vector<float>* RankTensors::Find(const std::string& name) const {
   return it == values.end() ? nullptr : &it->second;
 }
 
-const RankTensors& RunResult::Rank(int rank) const {
+const RankTensors& ExecutionResult::Rank(int rank) const {
   assert(rank >= 0 && rank < static_cast<int>(ranks.size()));
   return ranks[rank];
 }

@@ -577,6 +577,207 @@ void Identity(const std::vector<KernelArg>& in, const std::vector<KernelArg>& ou
     std::memcpy(out[i].data, in[i].data, sizeof(float) * Numel(in[i]));
 }
 
+// ---- mixture of experts ------------------------------------------------------
+
+/// Row r of `probs` [rows, E]: the indices of its k largest values, largest
+/// first, ties to the lower index.
+std::vector<int64_t> TopIndices(const float* p, int64_t experts, int64_t k) {
+  std::vector<int64_t> order(experts);
+  for (int64_t e = 0; e < experts; ++e) order[e] = e;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [p](int64_t a, int64_t b) {
+    return p[a] > p[b] || (p[a] == p[b] && a < b);
+  });
+  order.resize(k);
+  return order;
+}
+
+/// (probs [..., E]) -> (gates [..., k], ids [..., k]): the k largest
+/// probabilities of each row and their expert ids; with normalize 1 the
+/// gates are divided by their sum.
+void TopK(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const int64_t experts = LastDim(*in[0].meta), rows = Rows(*in[0].meta);
+  const int64_t k = LastDim(*out[0].meta);
+  const bool normalize = op.Attr("normalize", 0) != 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = in[0].data + r * experts;
+    const std::vector<int64_t> top = TopIndices(p, experts, k);
+    double sum = 0;
+    for (int64_t e : top) sum += p[e];
+    for (int64_t j = 0; j < k; ++j) {
+      out[0].data[r * k + j] = static_cast<float>(normalize ? p[top[j]] / sum : p[top[j]]);
+      out[1].data[r * k + j] = static_cast<float>(top[j]);
+    }
+  }
+}
+
+/// (dgates, ids, probs) -> dprobs: dgates scattered to the chosen experts;
+/// with normalize 1 through g_j = p_j / S: dp_i = (dg_i - sum_j dg_j g_j) / S.
+Status TopKGrad(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const int64_t experts = LastDim(*in[2].meta), rows = Rows(*in[2].meta);
+  const int64_t k = LastDim(*in[0].meta);
+  const bool normalize = op.Attr("normalize", 0) != 0;
+  std::fill(out[0].data, out[0].data + Numel(out[0]), 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* p = in[2].data + r * experts;
+    const float* dg = in[0].data + r * k;
+    float* dp = out[0].data + r * experts;
+    double sum = 0, dot = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = IdAt(in[1], r * k + j);
+      if (e < 0 || e >= experts)
+        return OpError(op, "expert id " + std::to_string(e) + " outside [0, " + std::to_string(experts) + ")");
+      sum += p[e];
+    }
+    for (int64_t j = 0; j < k; ++j) dot += static_cast<double>(dg[j]) * p[IdAt(in[1], r * k + j)] / sum;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = IdAt(in[1], r * k + j);
+      dp[e] += static_cast<float>(normalize ? (dg[j] - dot) / sum : dg[j]);
+    }
+  }
+  return Status::Ok();
+}
+
+/// Sizes of a MoE op: tokens [G, n, h], ids [G, n, k], buffers [E, G*C, h].
+struct MoeDims {
+  int64_t groups = 0, tokens = 0, h = 0, k = 0, experts = 0, capacity = 0;
+};
+
+/// The sizes from the tokens tensor `x`, the ids and the buffers tensor.
+MoeDims MakeMoeDims(const Tensor& x, const Tensor& ids, const Tensor& buffers) {
+  MoeDims d;
+  d.groups = x.shape[0];
+  d.tokens = x.shape[1];
+  d.h = x.shape[2];
+  d.k = ids.shape[2];
+  d.experts = buffers.shape[0];
+  d.capacity = d.groups ? buffers.shape[1] / d.groups : 0;
+  return d;
+}
+
+/// For every (group, token, choice) in row-major order, the buffer row it is
+/// dispatched to (e * G*C + g*C + c), or -1 when expert e's C slots of group g
+/// are already taken: slots are handed out in token order, then choice order.
+Result<std::vector<int64_t>> MoeSlots(const Op& op, const KernelArg& ids, const MoeDims& d) {
+  std::vector<int64_t> slots(d.groups * d.tokens * d.k, -1);
+  std::vector<int64_t> used(d.experts);
+  for (int64_t g = 0; g < d.groups; ++g) {
+    std::fill(used.begin(), used.end(), 0);
+    for (int64_t i = 0; i < d.tokens * d.k; ++i) {
+      const int64_t flat = g * d.tokens * d.k + i;
+      const int64_t e = IdAt(ids, flat);
+      if (e < 0 || e >= d.experts)
+        return OpError(op, "expert id " + std::to_string(e) + " at index " + std::to_string(flat) +
+                               " is outside [0, " + std::to_string(d.experts) + ")");
+      if (used[e] < d.capacity) slots[flat] = e * d.groups * d.capacity + g * d.capacity + used[e]++;
+    }
+  }
+  return slots;
+}
+
+/// (x [G, n, h], ids) -> buffers [E, G*C, h]: each kept (token, choice)
+/// copies the token's row into its slot; unused slots are 0.
+Status MoeDispatch(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const MoeDims d = MakeMoeDims(*in[0].meta, *in[1].meta, *out[0].meta);
+  Result<std::vector<int64_t>> slots = MoeSlots(op, in[1], d);
+  if (!slots.ok()) return slots.status();
+  std::fill(out[0].data, out[0].data + Numel(out[0]), 0.0f);
+  for (size_t i = 0; i < slots->size(); ++i)
+    if ((*slots)[i] >= 0)
+      std::memcpy(out[0].data + (*slots)[i] * d.h, in[0].data + (i / d.k) * d.h, sizeof(float) * d.h);
+  return Status::Ok();
+}
+
+/// (dbuffers, ids) -> dx [G, n, h]: each token sums the rows of its kept slots.
+Status MoeDispatchGrad(const Op& op, const std::vector<KernelArg>& in,
+                       const std::vector<KernelArg>& out) {
+  const MoeDims d = MakeMoeDims(*out[0].meta, *in[1].meta, *in[0].meta);
+  Result<std::vector<int64_t>> slots = MoeSlots(op, in[1], d);
+  if (!slots.ok()) return slots.status();
+  std::vector<double> acc(d.h);
+  for (int64_t t = 0; t < d.groups * d.tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < d.k; ++j) {
+      const int64_t slot = (*slots)[t * d.k + j];
+      if (slot < 0) continue;
+      for (int64_t c = 0; c < d.h; ++c) acc[c] += in[0].data[slot * d.h + c];
+    }
+    for (int64_t c = 0; c < d.h; ++c) out[0].data[t * d.h + c] = static_cast<float>(acc[c]);
+  }
+  return Status::Ok();
+}
+
+/// (y [E, G*C, h], ids, gates) -> out [G, n, h]: each token sums its kept
+/// slots' rows weighted by their gates (a dropped choice adds nothing).
+Status MoeCombine(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const MoeDims d = MakeMoeDims(*out[0].meta, *in[1].meta, *in[0].meta);
+  Result<std::vector<int64_t>> slots = MoeSlots(op, in[1], d);
+  if (!slots.ok()) return slots.status();
+  std::vector<double> acc(d.h);
+  for (int64_t t = 0; t < d.groups * d.tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < d.k; ++j) {
+      const int64_t slot = (*slots)[t * d.k + j];
+      if (slot < 0) continue;
+      const double gate = in[2].data[t * d.k + j];
+      for (int64_t c = 0; c < d.h; ++c) acc[c] += gate * in[0].data[slot * d.h + c];
+    }
+    for (int64_t c = 0; c < d.h; ++c) out[0].data[t * d.h + c] = static_cast<float>(acc[c]);
+  }
+  return Status::Ok();
+}
+
+/// (dout, y, ids, gates) -> (dy, dgates): dy[slot] = gate * dout[token]
+/// (unused slots 0); dgates = dot(dout[token], y[slot]), 0 when dropped.
+Status MoeCombineGrad(const Op& op, const std::vector<KernelArg>& in,
+                      const std::vector<KernelArg>& out) {
+  const MoeDims d = MakeMoeDims(*in[0].meta, *in[2].meta, *in[1].meta);
+  Result<std::vector<int64_t>> slots = MoeSlots(op, in[2], d);
+  if (!slots.ok()) return slots.status();
+  std::fill(out[0].data, out[0].data + Numel(out[0]), 0.0f);
+  for (int64_t t = 0; t < d.groups * d.tokens; ++t) {
+    const float* dout = in[0].data + t * d.h;
+    for (int64_t j = 0; j < d.k; ++j) {
+      const int64_t slot = (*slots)[t * d.k + j];
+      double dot = 0;
+      if (slot >= 0) {
+        const float gate = in[3].data[t * d.k + j];
+        const float* y = in[1].data + slot * d.h;
+        float* dy = out[0].data + slot * d.h;
+        for (int64_t c = 0; c < d.h; ++c) {
+          dy[c] = gate * dout[c];
+          dot += static_cast<double>(dout[c]) * y[c];
+        }
+      }
+      out[1].data[t * d.k + j] = static_cast<float>(dot);
+    }
+  }
+  return Status::Ok();
+}
+
+/// y = x with dims axis0 and axis1 swapped (a strided copy).
+void Transpose(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const std::vector<int64_t>& shape = in[0].meta->shape;
+  size_t a = static_cast<size_t>(op.Attr("axis0", 0)), b = static_cast<size_t>(op.Attr("axis1", 0));
+  if (a > b) std::swap(a, b);
+  const int64_t n = Numel(in[0]);
+  if (a == b || n == 0) {
+    std::memcpy(out[0].data, in[0].data, sizeof(float) * n);
+    return;
+  }
+  // x viewed as [outer, A, middle, B, inner] -> y [outer, B, middle, A, inner].
+  const int64_t outer = Product(shape, 0, a), dim_a = shape[a];
+  const int64_t middle = Product(shape, a + 1, b), dim_b = shape[b];
+  const int64_t inner = Product(shape, b + 1, shape.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t i = 0; i < dim_a; ++i)
+      for (int64_t m = 0; m < middle; ++m)
+        for (int64_t j = 0; j < dim_b; ++j) {
+          const int64_t src = (((o * dim_a + i) * middle + m) * dim_b + j) * inner;
+          const int64_t dst = (((o * dim_b + j) * middle + m) * dim_a + i) * inner;
+          std::memcpy(out[0].data + dst, in[0].data + src, sizeof(float) * inner);
+        }
+}
+
 /// Expected (inputs, outputs) of a compute type; -1 for "any" (checked elsewhere).
 std::pair<int, int> Arity(ComputeType t) {
   switch (t) {
@@ -600,6 +801,12 @@ std::pair<int, int> Arity(ComputeType t) {
     case ComputeType::kAdam: return {4, 3};
     case ComputeType::kConcat: return {-1, 1};
     case ComputeType::kIdentity: return {-1, -1};
+    case ComputeType::kTopK: return {1, 2};
+    case ComputeType::kTopKGrad: return {3, 1};
+    case ComputeType::kMoeDispatch: case ComputeType::kMoeDispatchGrad: return {2, 1};
+    case ComputeType::kMoeCombine: return {3, 1};
+    case ComputeType::kMoeCombineGrad: return {4, 2};
+    case ComputeType::kTranspose: return {1, 1};
   }
   return {-2, -2};  // not a known type
 }
@@ -628,6 +835,14 @@ Status CheckAttrs(const Op& op, const std::vector<const Tensor*>& inputs) {
       return CheckIntAttr(op, "start", true, 0, kBig);
     case ComputeType::kConcat:
       return CheckIntAttr(op, "axis", true, 0, kBig);
+    case ComputeType::kTopK:
+      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "k", true, 1, kBig));
+      return CheckIntAttr(op, "normalize", false, 0, 1);
+    case ComputeType::kTopKGrad:
+      return CheckIntAttr(op, "normalize", false, 0, 1);
+    case ComputeType::kTranspose:
+      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "axis0", true, 0, kBig));
+      return CheckIntAttr(op, "axis1", true, 0, kBig);
     case ComputeType::kCrossEntropy:
     case ComputeType::kCrossEntropyGrad:
       if (op.Attr("denominator", 1) == 0) return OpError(op, "denominator must not be 0");
@@ -729,6 +944,13 @@ Status RunKernel(const Op& op, const std::vector<KernelArg>& in, const std::vect
     case ComputeType::kConcat: Concat(op, in, out); break;
     case ComputeType::kCast: Cast(in, out); break;
     case ComputeType::kIdentity: Identity(in, out); break;
+    case ComputeType::kTopK: TopK(op, in, out); break;
+    case ComputeType::kTopKGrad: return TopKGrad(op, in, out);
+    case ComputeType::kMoeDispatch: return MoeDispatch(op, in, out);
+    case ComputeType::kMoeDispatchGrad: return MoeDispatchGrad(op, in, out);
+    case ComputeType::kMoeCombine: return MoeCombine(op, in, out);
+    case ComputeType::kMoeCombineGrad: return MoeCombineGrad(op, in, out);
+    case ComputeType::kTranspose: Transpose(op, in, out); break;
   }
   return Status::Ok();
 }

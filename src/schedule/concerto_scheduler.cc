@@ -79,6 +79,7 @@ struct RoleSearch {
   std::vector<int64_t> t;         // start tick per op (feasible)
   std::vector<int> topo;          // per op: position in a topological order
   std::vector<std::vector<int>> order;  // per stream: op indices sorted by (t, topo)
+  std::vector<int64_t> tensor_units;    // per tensor: size in memory units (budget only)
 };
 
 /// Sorts each stream's ops by (start tick, topological position).
@@ -142,10 +143,82 @@ struct Window {
   int free_tasks = 0;      // the first free_tasks tasks are window ops, the rest blockers
 };
 
+/// Steps a fixed memory profile is coarsened to (each the maximum of the
+/// profile over its span, so the coarse profile never under-counts).
+constexpr size_t kMaxFixedSteps = 128;
+
+/// The memory of a window as buffers of the window problem. Only the
+/// window's time span [lo, hi) matters: outside it no window task runs, so
+/// what is held there does not depend on the solve. A tensor whose producer
+/// or a consumer is a window task is a buffer with a variable interval (its
+/// fixed ends clamped to the span); every other tensor is fixed at `r.t` and
+/// goes into one step profile, coarsened to kMaxFixedSteps steps by their
+/// maximum. The capacity is the budget, or the hint's own peak where the
+/// incumbent is already above it (a window never makes memory worse).
+void AddMemory(const RoleSearch& r, const std::vector<int>& task_of, int64_t budget_units, Window& w) {
+  WindowProblem& pb = w.problem;
+  int64_t lo = INT64_MAX, hi = INT64_MIN;
+  for (int tk = 0; tk < w.free_tasks; ++tk) {
+    lo = std::min(lo, pb.tasks[tk].release);
+    hi = std::max(hi, pb.tasks[tk].deadline);
+  }
+  if (lo >= hi) return;
+  int64_t end_of_step = 0;
+  for (size_t i = 0; i < r.t.size(); ++i) end_of_step = std::max(end_of_step, r.t[i] + r.dur[i]);
+  auto clamp = [&](int64_t v) { return std::clamp(v, lo, hi); };
+  std::vector<std::pair<int64_t, int64_t>> fixed;  // (time, delta)
+  for (size_t ti = 0; ti < r.tensor_units.size(); ++ti) {
+    if (r.tensor_units[ti] == 0) continue;
+    const int prod = r.index.producer[ti];
+    const auto& cons = r.index.consumers[ti];
+    bool variable = prod >= 0 && task_of[prod] >= 0;
+    for (int c : cons) variable = variable || task_of[c] >= 0;
+    const int64_t alloc = prod >= 0 ? r.t[prod] : 0;
+    int64_t release = cons.empty() ? end_of_step : alloc;
+    if (variable) {
+      WindowBuffer b;
+      b.units = r.tensor_units[ti];
+      b.producer = prod >= 0 && task_of[prod] >= 0 ? task_of[prod] : -1;
+      b.start = clamp(alloc);
+      int64_t fixed_end = cons.empty() ? hi : lo;
+      for (int c : cons)
+        if (task_of[c] >= 0) b.consumers.push_back(task_of[c]);
+        else fixed_end = std::max(fixed_end, clamp(r.t[c] + r.dur[c]));
+      b.end = fixed_end;
+      pb.buffers.push_back(std::move(b));
+      continue;
+    }
+    for (int c : cons) release = std::max(release, r.t[c] + r.dur[c]);
+    const int64_t a = clamp(alloc), e = clamp(release);
+    if (a >= e) continue;
+    fixed.push_back({a, r.tensor_units[ti]});
+    fixed.push_back({e, -r.tensor_units[ti]});
+  }
+  // The fixed profile as steps [time_k, time_k+1) at level_k, then coarsened.
+  std::sort(fixed.begin(), fixed.end());
+  std::vector<std::pair<int64_t, int64_t>> steps;  // (start, level)
+  int64_t level = 0;
+  for (size_t k = 0; k < fixed.size(); ++k) {
+    level += fixed[k].second;
+    if (k + 1 < fixed.size() && fixed[k + 1].first == fixed[k].first) continue;
+    steps.push_back({fixed[k].first, level});
+  }
+  const size_t per = (steps.size() + kMaxFixedSteps - 1) / kMaxFixedSteps;
+  for (size_t k = 0; k + 1 < steps.size(); k += std::max<size_t>(per, 1)) {
+    const size_t last = std::min(steps.size() - 1, k + std::max<size_t>(per, 1));
+    int64_t peak = 0;
+    for (size_t q = k; q < last; ++q) peak = std::max(peak, steps[q].second);
+    if (peak > 0) pb.buffers.push_back({peak, -1, steps[k].first, {}, steps[last].first});
+  }
+  pb.memory_capacity = budget_units;
+  pb.memory_capacity = std::max(budget_units, PeakWindowMemory(pb, pb.hint).units);
+}
+
 /// Builds the problem of solving `members` with everything else fixed at r.t:
 /// outside predecessors give release times, outside successors deadlines,
 /// outside ops on the same stream between window ops become fixed blockers.
-Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t horizon, bool fix_comm_order) {
+Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t horizon, bool fix_comm_order,
+                   int64_t budget_units) {
   const int n = static_cast<int>(r.graph->ops.size());
   std::vector<int> task_of(n, -1);
   Window w;
@@ -174,11 +247,20 @@ Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t
         release.push_back(r.t[o[k]]);
         deadline.push_back(r.t[o[k]] + r.dur[o[k]]);
       }
+    // The nearest ops with work before and after the window on this stream
+    // (zero-duration ops occupy nothing and may share a start with others).
+    int prev = lo - 1, next = hi + 1;
+    while (prev >= 0 && r.dur[o[prev]] == 0) --prev;
+    while (next < static_cast<int>(o.size()) && r.dur[o[next]] == 0) ++next;
     for (int k = lo; k <= hi; ++k) {
       int tk = task_of[o[k]];
-      if (tk >= w.free_tasks) continue;
-      if (lo > 0) release[tk] = std::max(release[tk], r.t[o[lo - 1]] + r.dur[o[lo - 1]]);
-      if (hi + 1 < static_cast<int>(o.size())) deadline[tk] = std::min(deadline[tk], r.t[o[hi + 1]]);
+      // Zero-duration ops occupy no stream in the window model, so a solve
+      // may leave one inside a neighbour's run; only ops with work are
+      // bounded by the stream's neighbours (decoding and compaction put
+      // every op back in stream order).
+      if (tk >= w.free_tasks || r.dur[o[k]] == 0) continue;
+      if (prev >= 0) release[tk] = std::max(release[tk], r.t[o[prev]] + r.dur[o[prev]]);
+      if (next < static_cast<int>(o.size())) deadline[tk] = std::min(deadline[tk], r.t[o[next]]);
     }
   }
   for (int tk = 0; tk < w.free_tasks; ++tk) {
@@ -192,7 +274,7 @@ Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t
   pb.num_resources = static_cast<int>(r.graph->streams.size());
   for (size_t tk = 0; tk < w.ops.size(); ++tk) {
     int i = w.ops[tk];
-    pb.tasks.push_back({r.dur[i], r.stream[i], release[tk], deadline[tk], r.graph->ops[i].IsComm(), 0});
+    pb.tasks.push_back({r.dur[i], r.stream[i], release[tk], deadline[tk], r.graph->ops[i].IsComm()});
     pb.hint.push_back(r.t[i]);
     for (int p : r.index.preds[i])
       if (task_of[p] >= 0) pb.precedences.push_back({task_of[p], static_cast<int>(tk)});
@@ -208,6 +290,7 @@ Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t
       }
     }
   }
+  if (budget_units > 0) AddMemory(r, task_of, budget_units, w);
   return w;
 }
 
@@ -285,6 +368,7 @@ class Search {
     if (best_.name.empty()) best_ = fallback_;
     report_->incumbent = fallback_.name;
     report_->incumbent_makespan_us = fallback_.makespan_us;
+    report_->incumbent_peak_memory_bytes = fallback_.peak_bytes;
     Say(fmt::format("incumbent: best baseline '{}' {:.3f} ms; search starts from '{}' without its ordering edges "
                     "({:.3f} ms)",
                     fallback_.name, fallback_.makespan_us / 1e3, best_.name, best_.makespan_us / 1e3));
@@ -295,6 +379,11 @@ class Search {
     Result<Timeline> tl = Simulate(best_.sp, cost_, opts_.sim);
     if (!tl.ok()) return tl.status();
     tick_us_ = std::max(1e-3, tl->makespan_us / 2e6);
+    // Memory units: about 2^24 of them make up the budget (Gecode's usages
+    // are 32-bit); sizes round up and the budget down, so units never
+    // under-count.
+    mem_unit_bytes_ = std::max<int64_t>(1, (opts_.memory_budget_bytes + (1 << 24) - 1) >> 24);
+    budget_units_ = opts_.memory_budget_bytes > 0 ? opts_.memory_budget_bytes / mem_unit_bytes_ : 0;
     search_program_ = best_.sp.program;  // roles point into this stable copy
     start_fusion_groups_ = best_.sp.schedule.fusion_groups;
     const Program& p = search_program_;
@@ -326,6 +415,9 @@ class Search {
         for (int id : so.op_ids) r.order[s].push_back(r.index.op.at(id));
       }
       Compact(r);
+      if (opts_.memory_budget_bytes > 0)
+        for (const Tensor& tensor : r.graph->tensors)
+          r.tensor_units.push_back((tensor.Bytes() + mem_unit_bytes_ - 1) / mem_unit_bytes_);
       roles_.push_back(std::move(r));
     }
     return Status::Ok();
@@ -343,6 +435,8 @@ class Search {
   /// One odd (pass 0) or even (pass 1) sweep over every role, then decode
   /// and simulate; the result replaces the best when it is faster.
   Status RunPass(int round, int pass) {
+    std::vector<std::vector<int64_t>> saved;
+    for (const RoleSearch& r : roles_) saved.push_back(r.t);
     for (RoleSearch& r : roles_) {
       SortStreams(r);
       std::vector<int> global(r.graph->ops.size());
@@ -371,6 +465,16 @@ class Search {
     if (!m.ok()) return Status::Error("decoded schedule: " + m.status().message());
     if (m->makespan_us < best_.makespan_us && Fits(m->peak_bytes))
       best_ = {std::move(cand), m->makespan_us, "concerto", m->peak_bytes};
+    if (!Fits(m->peak_bytes)) {
+      // The machine runs each stream's order as soon as it can, so delays the
+      // windows chose to save memory are not kept; undo a pass that ends over
+      // the budget.
+      report_->passes_over_memory++;
+      for (size_t k = 0; k < roles_.size(); ++k) {
+        roles_[k].t = saved[k];
+        SortStreams(roles_[k]);
+      }
+    }
     Say(fmt::format("round {} {} pass: {} windows so far, pass makespan {:.3f} ms{}, best {:.3f} ms (LB {:.3f} ms)",
                     round + 1, pass == 0 ? "odd" : "even", report_->windows.size(), m->makespan_us / 1e3,
                     Fits(m->peak_bytes) ? "" : " (over the memory budget)", best_.makespan_us / 1e3,
@@ -379,17 +483,25 @@ class Search {
   }
 
   void SolveWindow(RoleSearch& r, const std::vector<int>& members, int64_t horizon, int round, int pass, int block) {
-    Window w = BuildWindow(r, members, horizon, program_.roles.size() > 1);
+    Window w = BuildWindow(r, members, horizon, program_.roles.size() > 1, budget_units_);
     WindowReport wr;
     wr.round = round;
     wr.pass = pass;
     wr.first_block = block;
     wr.tasks = static_cast<int>(w.ops.size());
+    wr.memory = w.problem.memory_capacity >= 0;
     SolverOptions so;
+    so.fail_limit = opts_.window_fail_limit;
     so.time_limit_s = std::min(opts_.window_time_limit_s, std::max(0.01, opts_.time_budget_s - Since(t0_)));
     Result<WindowSolution> sol = solver_->Solve(w.problem, so);
+    if (sol.ok() && sol->hit_time_limit) {
+      wr.hit_time_limit = true;
+      report_->windows_hit_time_limit++;
+    }
     if (!sol.ok() || (sol->status != SolveStatus::kOptimal && sol->status != SolveStatus::kFeasible)) {
       wr.status = sol.ok() ? sol->status : SolveStatus::kNoSolution;
+      if (!sol.ok()) Say(fmt::format("window at block {} (round {}, {} tasks) kept its order: {}", block, round + 1,
+                                     wr.tasks, sol.status().message()));
       report_->windows_unsolved++;
       report_->windows.push_back(wr);
       return;
@@ -450,6 +562,8 @@ class Search {
   std::vector<FusionGroup> start_fusion_groups_;
   std::vector<RoleSearch> roles_;
   double tick_us_ = 1;
+  int64_t mem_unit_bytes_ = 1;
+  int64_t budget_units_ = 0;  // 0: no memory in the windows
 };
 
 }  // namespace

@@ -234,8 +234,21 @@ WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation
   }
   model.initialSolve();
   model.setMaximumSeconds(std::max(1e-3, options.time_limit_s - SecondsSince(t0)));
+  if (options.fail_limit > 0) model.setMaximumNodes(static_cast<int>(std::min<int64_t>(options.fail_limit, 1 << 30)));
   model.branchAndBound();
-  return ReadOutcome(model, problem.tasks.size());
+  WindowSearchOutcome outcome = ReadOutcome(model, problem.tasks.size());
+  outcome.hit_time_limit = model.isSecondsLimitReached();
+  return outcome;
+}
+
+/// The ILP leaves memory out (a relaxation): an answer over the memory
+/// capacity is dropped (the hint stands) and nothing is proven optimal.
+void KeepWithinMemory(const WindowProblem& problem, WindowSearchOutcome* outcome) {
+  if (problem.memory_capacity < 0 || outcome->start.empty()) return;
+  if (PeakWindowMemory(problem, LeftShiftWithinMemory(problem, outcome->start)).units <= problem.memory_capacity)
+    return;
+  outcome->start.clear();
+  outcome->exhausted = false;
 }
 
 /// The CBC backend.
@@ -256,6 +269,7 @@ class CbcWindowSolver : public WindowSolver {
       Result<WindowSearchOutcome> searched = GuardedSearch(problem, *prep, options, t0);
       if (!searched.ok()) return searched.status();
       outcome = std::move(searched).value();
+      KeepWithinMemory(problem, &outcome);
     }
     return FinishWindowSolution(problem, *prep, outcome, SecondsSince(t0));
   }

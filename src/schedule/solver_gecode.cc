@@ -1,7 +1,9 @@
 // The constraint-programming backend: one Gecode model per window. A start
 // variable per task, one unary resource constraint per stream, precedences as
 // linear constraints, and the window's finish minimised by branch and bound.
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -20,22 +22,27 @@
 namespace concerto {
 namespace {
 
-/// Search nodes after which a solve stops even within its time limit (a
-/// safety net; the time limit is the intended stop).
-constexpr unsigned long kNodeLimit = 50'000'000;
+/// Failed nodes after which a solve stops when the caller sets no work limit
+/// (the time limit then is the intended stop).
+constexpr unsigned long kDefaultFailLimit = 50'000'000;
 
-/// Stops the search when either the time or the node limit is reached.
-class TimeOrNodeStop : public Gecode::Search::Stop {
+/// Stops the search at the deterministic fail limit or, as a safety net, at
+/// the wall-clock limit; remembers which one fired.
+class FailOrTimeStop : public Gecode::Search::Stop {
  public:
-  TimeOrNodeStop(unsigned long ms, unsigned long nodes) : time_(ms), nodes_(nodes) {}
+  FailOrTimeStop(unsigned long ms, unsigned long fails) : time_(ms), fails_(fails) {}
   /// True once either limit is reached.
   bool stop(const Gecode::Search::Statistics& s, const Gecode::Search::Options& o) override {
-    return time_.stop(s, o) || nodes_.stop(s, o);
+    if (fails_.stop(s, o)) return true;
+    if (time_.stop(s, o)) return time_fired_ = true;
+    return false;
   }
+  bool time_fired() const { return time_fired_; }
 
  private:
   Gecode::Search::TimeStop time_;
-  Gecode::Search::NodeStop nodes_;
+  Gecode::Search::FailStop fails_;
+  bool time_fired_ = false;
 };
 
 /// The window as a Gecode space. Times are shifted by `offset` (the earliest
@@ -47,6 +54,7 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
     PostStarts(problem, prep, offset);
     PostResources(problem);
     PostPrecedences(problem);
+    PostMemory(problem, prep, offset);
     PostMakespan(problem, prep, offset);
     PostBranching(problem, prep);
   }
@@ -90,6 +98,48 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
     for (const auto& [before, after] : problem.precedences)
       Gecode::rel(*this, start_[before] + static_cast<int>(problem.tasks[before].duration) <= start_[after]);
   }
+  /// Memory as a cumulative resource of capacity `memory_capacity`: one task
+  /// per buffer from its allocation (its producer's start, or fixed) to its
+  /// release (the latest of its consumers' ends and its fixed end), a
+  /// variable duration.
+  void PostMemory(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset) {
+    if (problem.memory_capacity < 0 || problem.buffers.empty()) return;
+    const int lo = static_cast<int>(std::min<int64_t>(0, MinBufferTime(problem) - offset));
+    const int hi = static_cast<int>(std::max<int64_t>(prep.horizon, MaxBufferTime(problem)) - offset);
+    Gecode::IntVarArgs alloc, length, release;
+    Gecode::IntArgs units;
+    for (const WindowBuffer& b : problem.buffers) {
+      if (b.units == 0) continue;
+      Gecode::IntVar a = b.producer >= 0 ? start_[b.producer]
+                                         : Gecode::IntVar(*this, static_cast<int>(b.start - offset),
+                                                          static_cast<int>(b.start - offset));
+      Gecode::IntVarArgs ends;
+      ends << a << Gecode::IntVar(*this, static_cast<int>(b.end - offset), static_cast<int>(b.end - offset));
+      for (int c : b.consumers) {
+        Gecode::IntVar e(*this, lo, hi);
+        Gecode::rel(*this, e == start_[c] + static_cast<int>(problem.tasks[c].duration));
+        ends << e;
+      }
+      Gecode::IntVar r(*this, lo, hi);
+      Gecode::max(*this, ends, r);
+      alloc << a;
+      length << Gecode::IntVar(*this, 0, hi - lo);
+      release << r;
+      units << static_cast<int>(b.units);
+    }
+    if (alloc.size() > 0)
+      Gecode::cumulative(*this, static_cast<int>(problem.memory_capacity), alloc, length, release, units);
+  }
+  static int64_t MinBufferTime(const WindowProblem& problem) {
+    int64_t t = 0;
+    for (const WindowBuffer& b : problem.buffers) t = std::min({t, b.start, b.end});
+    return t;
+  }
+  static int64_t MaxBufferTime(const WindowProblem& problem) {
+    int64_t t = 0;
+    for (const WindowBuffer& b : problem.buffers) t = std::max({t, b.start, b.end});
+    return t;
+  }
   /// makespan >= every finish, within [lower bound, hint - 1] (strictly better
   /// than the hint) or [lower bound, horizon] without one.
   void PostMakespan(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset) {
@@ -116,11 +166,18 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
 };
 
 /// Checks that every shifted time fits Gecode's domains.
-Status CheckRange(const WindowPreparation& prep, int64_t offset) {
-  const int64_t span = prep.horizon - offset;
+Status CheckRange(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset) {
+  int64_t span = prep.horizon - offset;
+  for (const WindowBuffer& b : problem.buffers)
+    span = std::max({span, std::abs(b.start - offset), std::abs(b.end - offset)});
   if (span > Gecode::Int::Limits::max / 2)
     return Status::Error("gecode: the window spans " + std::to_string(span) +
                          " ticks, more than Gecode's 32-bit domains hold; use a coarser time unit");
+  int64_t units = std::max<int64_t>(0, problem.memory_capacity);
+  for (const WindowBuffer& b : problem.buffers) units = std::max(units, b.units);
+  if (units > Gecode::Int::Limits::max / 2)
+    return Status::Error("gecode: memory of " + std::to_string(units) +
+                         " units does not fit Gecode's 32-bit domains; use a coarser memory unit");
   return Status::Ok();
 }
 
@@ -130,7 +187,8 @@ WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation
   WindowSearchOutcome outcome;
   auto root = std::make_unique<WindowSpace>(problem, prep, offset);
   const double ms = std::max(1.0, options.time_limit_s * 1e3);
-  TimeOrNodeStop stop(static_cast<unsigned long>(std::min(ms, 1e12)), kNodeLimit);
+  const unsigned long fails = options.fail_limit > 0 ? static_cast<unsigned long>(options.fail_limit) : kDefaultFailLimit;
+  FailOrTimeStop stop(static_cast<unsigned long>(std::min(ms, 1e12)), fails);
   Gecode::Search::Options o;
   o.threads = 1;
   o.stop = &stop;
@@ -138,6 +196,7 @@ WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation
   std::unique_ptr<WindowSpace> best;
   while (WindowSpace* s = engine.next()) best.reset(s);
   outcome.exhausted = !engine.stopped();
+  outcome.hit_time_limit = engine.stopped() && stop.time_fired();
   outcome.nodes = static_cast<int64_t>(engine.statistics().node);
   if (best) outcome.start = best->Starts(offset);
   return outcome;
@@ -177,7 +236,7 @@ class GecodeWindowSolver : public WindowSolver {
     int64_t offset = 0;
     for (size_t i = 0; i < problem.tasks.size(); ++i)
       offset = i == 0 ? prep.earliest_start[i] : std::min(offset, prep.earliest_start[i]);
-    CONCERTO_RETURN_IF_ERROR(CheckRange(prep, offset));
+    CONCERTO_RETURN_IF_ERROR(CheckRange(problem, prep, offset));
     try {
       return Search(problem, prep, offset, options);
     } catch (const Gecode::Exception& e) {

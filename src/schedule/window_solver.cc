@@ -84,9 +84,43 @@ Status ValidateTask(const WindowTask& t, int index, int num_resources) {
   if (t.release + t.duration > t.deadline)
     return Status::Error(who + "release " + std::to_string(t.release) + " + duration " + std::to_string(t.duration) +
                          " exceeds deadline " + std::to_string(t.deadline));
-  if (t.memory_bytes < 0) return Status::Error(who + "memory_bytes " + std::to_string(t.memory_bytes) + " is negative");
   return Status::Ok();
 }
+
+/// Errors in one buffer's fields (size, task indices, times), or Ok.
+Status ValidateBuffer(const WindowBuffer& b, int index, int num_tasks) {
+  const std::string who = "buffer " + std::to_string(index) + ": ";
+  if (b.units < 0 || b.units > kMaxTime)
+    return Status::Error(who + "units " + std::to_string(b.units) + " is outside [0, 2^52]");
+  auto in_range = [&](int i) { return i >= 0 && i < num_tasks; };
+  if (b.producer != -1 && !in_range(b.producer))
+    return Status::Error(who + "producer " + std::to_string(b.producer) + " is out of range [-1, " +
+                         std::to_string(num_tasks) + ")");
+  for (int c : b.consumers)
+    if (!in_range(c))
+      return Status::Error(who + "consumer " + std::to_string(c) + " is out of range [0, " +
+                           std::to_string(num_tasks) + ")");
+  for (int64_t v : {b.start, b.end})
+    if (v < -kMaxTime || v > kMaxTime) return Status::Error(who + "time " + std::to_string(v) + " is outside +-2^52");
+  return Status::Ok();
+}
+
+/// Errors in the memory part of a problem, or Ok.
+Status ValidateMemory(const WindowProblem& problem) {
+  if (problem.memory_capacity > kMaxTime)
+    return Status::Error("memory_capacity " + std::to_string(problem.memory_capacity) + " exceeds 2^52");
+  int64_t total = 0;
+  for (size_t k = 0; k < problem.buffers.size(); ++k) {
+    CONCERTO_RETURN_IF_ERROR(
+        ValidateBuffer(problem.buffers[k], static_cast<int>(k), static_cast<int>(problem.tasks.size())));
+    total += problem.buffers[k].units;
+    if (total > kMaxTime) return Status::Error("total buffer units exceed 2^52 at buffer " + std::to_string(k));
+  }
+  return Status::Ok();
+}
+
+/// True when the problem constrains memory.
+bool HasMemory(const WindowProblem& problem) { return problem.memory_capacity >= 0; }
 
 /// Errors in the precedence list (indices, self loops, cycles), or Ok.
 Status ValidatePrecedences(const WindowProblem& problem) {
@@ -202,6 +236,20 @@ std::vector<int64_t> LatestStarts(const WindowProblem& problem, const Precedence
 /// also finishes by the latest deadline.
 int64_t Horizon(const WindowProblem& problem) {
   if (problem.tasks.empty()) return 0;
+  // With memory, left-shifting can raise the peak, but after every release
+  // and every fixed buffer time T0 the profile only depends on the order of
+  // starts and ends, so collapsing every stretch in which no task runs keeps
+  // a schedule feasible: some optimum finishes by T0 + total duration.
+  if (HasMemory(problem)) {
+    int64_t t0 = problem.tasks.front().release, max_deadline = problem.tasks.front().deadline, work = 0;
+    for (const WindowTask& t : problem.tasks) {
+      t0 = std::max(t0, t.release);
+      max_deadline = std::max(max_deadline, t.deadline);
+      work += t.duration;
+    }
+    for (const WindowBuffer& b : problem.buffers) t0 = std::max({t0, b.start, b.end});
+    return std::min(max_deadline, t0 + work);
+  }
   int64_t max_release = problem.tasks.front().release, max_deadline = problem.tasks.front().deadline, work = 0;
   for (const WindowTask& t : problem.tasks) {
     max_release = std::max(max_release, t.release);
@@ -299,6 +347,7 @@ Status ValidateWindowProblem(const WindowProblem& problem) {
     if (work > kMaxTime) return Status::Error("total duration exceeds 2^52 at task " + std::to_string(i));
   }
   CONCERTO_RETURN_IF_ERROR(ValidatePrecedences(problem));
+  CONCERTO_RETURN_IF_ERROR(ValidateMemory(problem));
   if (!problem.hint.empty() && problem.hint.size() != problem.tasks.size())
     return Status::Error("hint has " + std::to_string(problem.hint.size()) + " start times for " +
                          std::to_string(problem.tasks.size()) + " tasks");
@@ -345,6 +394,34 @@ std::vector<int64_t> LeftShiftStarts(const WindowProblem& problem, const std::ve
   return shifted;
 }
 
+WindowMemoryPeak PeakWindowMemory(const WindowProblem& problem, const std::vector<int64_t>& start) {
+  assert(start.size() == problem.tasks.size());
+  std::vector<std::pair<int64_t, int64_t>> events;  // (time, +units at allocation / -units at release)
+  events.reserve(2 * problem.buffers.size());
+  for (const WindowBuffer& b : problem.buffers) {
+    const int64_t alloc = b.producer >= 0 ? start[b.producer] : b.start;
+    int64_t release = std::max(alloc, b.end);
+    for (int c : b.consumers) release = std::max(release, start[c] + problem.tasks[c].duration);
+    if (release == alloc || b.units == 0) continue;
+    events.push_back({alloc, b.units});
+    events.push_back({release, -b.units});
+  }
+  std::sort(events.begin(), events.end());  // at equal times releases (negative) first
+  WindowMemoryPeak peak;
+  int64_t live = 0;
+  for (const auto& [time, delta] : events) {
+    live += delta;
+    if (live > peak.units) peak = {live, time};
+  }
+  return peak;
+}
+
+std::vector<int64_t> LeftShiftWithinMemory(const WindowProblem& problem, const std::vector<int64_t>& start) {
+  std::vector<int64_t> shifted = LeftShiftStarts(problem, start);
+  if (!HasMemory(problem) || PeakWindowMemory(problem, shifted).units <= problem.memory_capacity) return shifted;
+  return start;
+}
+
 Result<WindowPreparation> PrepareWindow(const WindowProblem& problem) {
   CONCERTO_RETURN_IF_ERROR(ValidateWindowProblem(problem));
   WindowPreparation prep;
@@ -361,7 +438,7 @@ Result<WindowPreparation> PrepareWindow(const WindowProblem& problem) {
   std::vector<std::string> bad = VerifyWindowSolution(problem, AsSolution(problem, problem.hint, SolveStatus::kFeasible));
   if (!bad.empty()) return Status::Error("hint is not a feasible schedule: " + Summarize(bad));
   assert(!prep.infeasible && "a feasible hint contradicts the infeasibility proof");
-  prep.hint = LeftShiftStarts(problem, problem.hint);
+  prep.hint = LeftShiftWithinMemory(problem, problem.hint);
   prep.hint_objective = MaxFinish(problem, prep.hint);
   return prep;
 }
@@ -371,7 +448,7 @@ Result<WindowSolution> FinishWindowSolution(const WindowProblem& problem, const 
   std::vector<int64_t> best = prep.hint;
   if (!outcome.start.empty()) {
     if (outcome.start.size() != problem.tasks.size()) return Status::Error("solver returned a start vector of wrong size");
-    std::vector<int64_t> found = LeftShiftStarts(problem, outcome.start);
+    std::vector<int64_t> found = LeftShiftWithinMemory(problem, outcome.start);
     std::vector<std::string> bad = VerifyWindowSolution(problem, AsSolution(problem, found, SolveStatus::kFeasible));
     if (!bad.empty()) return Status::Error("solver returned an infeasible schedule: " + Summarize(bad));
     if (best.empty() || MaxFinish(problem, found) < prep.hint_objective) best = std::move(found);
@@ -380,6 +457,7 @@ Result<WindowSolution> FinishWindowSolution(const WindowProblem& problem, const 
   WindowSolution s = AsSolution(problem, std::move(best), StatusOf(false, outcome.exhausted));
   s.seconds = seconds;
   s.nodes = outcome.nodes;
+  s.hit_time_limit = outcome.hit_time_limit;
   s.bound = std::max(prep.lower_bound, outcome.bound);
   if (!answered) {
     s.objective = 0;
@@ -411,6 +489,12 @@ std::vector<std::string> VerifyWindowSolution(const WindowProblem& problem, cons
   }
   CheckTimes(problem, solution.start, &out);
   CheckOverlaps(problem, solution.start, &out);
+  if (HasMemory(problem)) {
+    WindowMemoryPeak peak = PeakWindowMemory(problem, solution.start);
+    if (peak.units > problem.memory_capacity)
+      out.push_back("memory: " + std::to_string(peak.units) + " units held at time " + std::to_string(peak.time) +
+                    " exceed the capacity " + std::to_string(problem.memory_capacity));
+  }
   const int64_t finish = MaxFinish(problem, solution.start);
   if (solution.objective != finish)
     out.push_back("objective " + std::to_string(solution.objective) + " is not the latest finish " +

@@ -257,6 +257,25 @@ Graph ComputeZoo() {
   b.AddCompute(ComputeType::kConcat, {"x", "sl"}, {"cat"}, {{"axis", 1}});
   b.AddTensor("flat", {64});
   b.AddCompute(ComputeType::kIdentity, {"x"}, {"flat"});
+  // Mixture of experts: x [G=2, n=4, h=8] routed top-2 over 4 experts with
+  // capacity 3 per group: buffers [4, 2*3, 8].
+  b.AddTensor("gates", {2, 4, 2});
+  b.AddTensor("eids", {2, 4, 2}, DType::kI32);
+  b.AddTensor("router_p", {2, 4, 4});
+  b.AddCompute(ComputeType::kTopK, {"router_p"}, {"gates", "eids"}, {{"k", 2}, {"normalize", 1}});
+  b.AddTensor("drouter_p", {2, 4, 4});
+  b.AddCompute(ComputeType::kTopKGrad, {"gates", "eids", "router_p"}, {"drouter_p"}, {{"normalize", 1}});
+  b.AddTensor("ebuf", {4, 6, 8});
+  b.AddCompute(ComputeType::kMoeDispatch, {"x", "eids"}, {"ebuf"});
+  b.AddTensor("ex_grad", {2, 4, 8});
+  b.AddCompute(ComputeType::kMoeDispatchGrad, {"ebuf", "eids"}, {"ex_grad"});
+  b.AddTensor("ecomb", {2, 4, 8});
+  b.AddCompute(ComputeType::kMoeCombine, {"ebuf", "eids", "gates"}, {"ecomb"});
+  b.AddTensor("debuf", {4, 6, 8});
+  b.AddTensor("dgates", {2, 4, 2});
+  b.AddCompute(ComputeType::kMoeCombineGrad, {"ecomb", "ebuf", "eids", "gates"}, {"debuf", "dgates"});
+  b.AddTensor("ebuf_t", {6, 4, 8});
+  b.AddCompute(ComputeType::kTranspose, {"ebuf"}, {"ebuf_t"}, {{"axis0", 0}, {"axis1", 1}});
   return b.graph();
 }
 

@@ -451,5 +451,108 @@ TEST(RuntimeKernelGradients, MatmulWeightAndInputGrads) {
   ExpectGradient(fwd, in, w, 1, dw[0], "matmul dW");
 }
 
+// ---- mixture of experts ------------------------------------------------------
+
+TEST(RuntimeKernels, TopKPicksLargestWithTiesToTheLowerId) {
+  // Row 0: 0.1 0.4 0.2 0.3 -> ids 1, 3; gates 0.4, 0.3 (normalized: 4/7, 3/7).
+  // Row 1: 0.25 x 4 (a tie) -> ids 0, 1.
+  Tensor p = T("in0", {2, 4}), gates = T("out0", {2, 2}), ids = T("out1", {2, 2}, DType::kI32);
+  Values in = {{0.1f, 0.4f, 0.2f, 0.3f, 0.25f, 0.25f, 0.25f, 0.25f}};
+  Values out = Exec(MakeOp(ComputeType::kTopK, 1, 2, {{"k", 2}}), {p}, in, {gates, ids});
+  EXPECT_EQ(out[1], (std::vector<float>{1, 3, 0, 1}));
+  EXPECT_EQ(out[0], (std::vector<float>{0.4f, 0.3f, 0.25f, 0.25f}));
+  Values norm = Exec(MakeOp(ComputeType::kTopK, 1, 2, {{"k", 2}, {"normalize", 1}}), {p}, in, {gates, ids});
+  EXPECT_NEAR(norm[0][0], 4.0 / 7, 1e-6);
+  EXPECT_NEAR(norm[0][1], 3.0 / 7, 1e-6);
+  EXPECT_NEAR(norm[0][2], 0.5, 1e-6);
+}
+
+TEST(RuntimeKernels, MoeDispatchDropsOverCapacityInTokenOrder) {
+  // G = 1 group of n = 3 tokens (h = 2), k = 2, E = 2 experts, capacity C = 2:
+  // ids (0,1) (0,1) (1,0): expert 0 takes tokens 0, 1 and drops token 2's
+  // second choice; expert 1 takes tokens 0, 1 and drops token 2's first.
+  Tensor x = T("in0", {1, 3, 2}), ids = T("in1", {1, 3, 2}, DType::kI32);
+  Tensor buf = T("out0", {2, 2, 2});
+  Values in = {{1, 2, 3, 4, 5, 6}, {0, 1, 0, 1, 1, 0}};
+  Values out = Exec(MakeOp(ComputeType::kMoeDispatch, 2, 1), {x, ids}, in, {buf});
+  EXPECT_EQ(out[0], (std::vector<float>{1, 2, 3, 4, 1, 2, 3, 4}));
+  // Two groups of one token, capacity 1 per group: each group has its own slots.
+  Tensor x2 = T("in0", {2, 1, 2}), ids2 = T("in1", {2, 1, 1}, DType::kI32), buf2 = T("out0", {2, 2, 2});
+  Values out2 = Exec(MakeOp(ComputeType::kMoeDispatch, 2, 1), {x2, ids2}, {{1, 2, 3, 4}, {1, 1}}, {buf2});
+  EXPECT_EQ(out2[0], (std::vector<float>{0, 0, 0, 0, 1, 2, 3, 4}));
+  // Combine with gates 0.5 (first choice) and 2 (second choice).
+  Tensor gates = T("in2", {1, 3, 2}), y = T("out0", {1, 3, 2});
+  Values comb = Exec(MakeOp(ComputeType::kMoeCombine, 3, 1), {buf, ids, gates},
+                     {out[0], in[1], {0.5f, 2, 0.5f, 2, 0.5f, 2}}, {y});
+  // token 0: 0.5 * [1, 2] + 2 * [1, 2] = [2.5, 5]; token 1: 2.5 * [3, 4] = [7.5, 10];
+  // token 2: both choices dropped, 0.
+  EXPECT_EQ(comb[0], (std::vector<float>{2.5f, 5, 7.5f, 10, 0, 0}));
+  // An id outside [0, E) is an error naming the op.
+  Tensor one = T("out0", {2, 2, 2});
+  std::vector<const Tensor*> ins = {&x, &ids}, outs = {&one};
+  ASSERT_TRUE(CheckKernel(MakeOp(ComputeType::kMoeDispatch, 2, 1), ins, outs).ok());
+  std::vector<float> bad_ids = {0, 2, 0, 0, 0, 0}, xv = in[0], o(8);
+  Mesh mesh;
+  Status st = RunKernel(MakeOp(ComputeType::kMoeDispatch, 2, 1), {{&x, xv.data()}, {&ids, bad_ids.data()}},
+                        {{&one, o.data()}}, KernelContext{&mesh, 0});
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("expert id 2 at index 1 is outside [0, 2)"), std::string::npos) << st.message();
+}
+
+TEST(RuntimeKernels, TransposeSwapsTwoDims) {
+  // x [2, 3, 2]: x[i][j][l] = 100 i + 10 j + l; swap dims 0 and 2 -> [2, 3, 2]
+  // with y[l][j][i] = x[i][j][l]; swap dims 0 and 1 -> [3, 2, 2].
+  Tensor x = T("in0", {2, 3, 2}), y02 = T("out0", {2, 3, 2}), y01 = T("out0", {3, 2, 2});
+  std::vector<float> v;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int l = 0; l < 2; ++l) v.push_back(100 * i + 10 * j + l);
+  Values a = Exec(MakeOp(ComputeType::kTranspose, 1, 1, {{"axis0", 2}, {"axis1", 0}}), {x}, {v}, {y02});
+  Values b = Exec(MakeOp(ComputeType::kTranspose, 1, 1, {{"axis0", 0}, {"axis1", 1}}), {x}, {v}, {y01});
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int l = 0; l < 2; ++l) {
+        EXPECT_EQ(a[0][(l * 3 + j) * 2 + i], 100 * i + 10 * j + l);
+        EXPECT_EQ(b[0][(j * 2 + i) * 2 + l], 100 * i + 10 * j + l);
+      }
+}
+
+TEST(RuntimeKernelGradients, TopKPlainAndNormalized) {
+  // Probabilities at least 0.05 apart, so the +-1e-2 steps keep the choice.
+  Tensor p = T("in0", {2, 4}), gates = T("out0", {2, 2}), ids = T("out1", {2, 2}, DType::kI32);
+  Values in = {{0.10f, 0.45f, 0.20f, 0.30f, 0.50f, 0.05f, 0.35f, 0.15f}};
+  Values w = {Random(4, 91), {0, 0, 0, 0}};
+  for (int normalize = 0; normalize < 2; ++normalize) {
+    std::map<std::string, double> attrs = {{"k", 2}, {"normalize", normalize}};
+    auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kTopK, 1, 2, attrs), {p}, v, {gates, ids}); };
+    Values top = fwd(in);
+    Values dp = Exec(MakeOp(ComputeType::kTopKGrad, 3, 1, {{"normalize", normalize}}), {gates, ids, p},
+                     {w[0], top[1], in[0]}, {p});
+    ExpectGradient(fwd, in, w, 0, dp[0], normalize ? "top_k_grad normalized" : "top_k_grad");
+  }
+}
+
+TEST(RuntimeKernelGradients, MoeDispatchAndCombine) {
+  // G = 2 groups of n = 3 tokens, h = 2, k = 2, E = 3, capacity C = 1: some
+  // choices are dropped, and their gradients must be 0 too.
+  const int64_t G = 2, n = 3, h = 2, k = 2, E = 3, C = 1;
+  Tensor x = T("in0", {G, n, h}), ids = T("in1", {G, n, k}, DType::kI32), gates = T("in2", {G, n, k});
+  Tensor buf = T("out0", {E, G * C, h}), tok = T("out0", {G, n, h});
+  const std::vector<float> id = {0, 1, 1, 2, 2, 0, 2, 1, 0, 2, 1, 0};
+  Values in = {Random(G * n * h, 101), id};
+  Values w = Weights({buf}, 102);
+  auto dispatch = [&](const Values& v) { return Exec(MakeOp(ComputeType::kMoeDispatch, 2, 1), {x, ids}, v, {buf}); };
+  Values dx = Exec(MakeOp(ComputeType::kMoeDispatchGrad, 2, 1), {buf, ids}, {w[0], id}, {tok});
+  ExpectGradient(dispatch, in, w, 0, dx[0], "moe_dispatch_grad");
+  // combine: d/dy and d/dgates.
+  Values cin = {Random(E * G * C * h, 103), id, Random(G * n * k, 104, 0, 1)};
+  Values cw = Weights({tok}, 105);
+  auto combine = [&](const Values& v) { return Exec(MakeOp(ComputeType::kMoeCombine, 3, 1), {buf, ids, gates}, v, {tok}); };
+  Values g = Exec(MakeOp(ComputeType::kMoeCombineGrad, 4, 2), {tok, buf, ids, gates},
+                  {cw[0], cin[0], id, cin[2]}, {buf, gates});
+  ExpectGradient(combine, cin, cw, 0, g[0], "moe_combine_grad dy");
+  ExpectGradient(combine, cin, cw, 2, g[1], "moe_combine_grad dgates");
+}
+
 }  // namespace
 }  // namespace concerto

@@ -2,16 +2,20 @@
 // timeouts, mismatches), the executor (fused collectives, send/recv,
 // refusal of bad schedules, measured timelines and their Chrome trace) and
 // the reference check: gpt-tiny and llama-tiny under dp, tp, sp, ZeRO 1-3
-// and pp, each under the fifo schedule and rewritten ones, reproduce the
-// unsharded run's loss, gradients and updated parameters (docs/runtime.md).
+// and pp, and the mixture of experts mixtral-tiny under dp, ep, ep with tp
+// and pp, and ZeRO-3, each under the fifo schedule and rewritten ones,
+// reproduce the unsharded run's loss, gradients and updated parameters
+// (docs/runtime.md).
 #include <gtest/gtest.h>
 
 #include <ostream>
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <functional>
@@ -437,6 +441,22 @@ std::vector<Case> Cases() {
       cases.push_back({model, plan, "fifo"});
       for (const std::string& sched : full ? all : rewritten.at(plan)) cases.push_back({model, plan, sched});
     }
+  // The mixture of experts (mixtral-tiny: 4 experts, top-2, capacity 32 slots
+  // per expert and sequence, so tokens are dropped): dp without ep; ep=2 (the
+  // dispatch and combine all-to-alls; ddp fuses the gradient all-reduces,
+  // xla-lhs and concerto reorder); more dp than ep (expert gradients synced
+  // over dp); ep with tp (the experts' tp all-reduces); ep with pp; ZeRO-3.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> moe = {
+      {"dp=2", {"ddp"}},
+      {"dp=2,ep=2", {"ddp", "xla-lhs", "concerto"}},
+      {"dp=4,ep=2", {"ddp"}},
+      {"dp=2,ep=2,tp=2", {"megatron"}},
+      {"pp=2,dp=2,ep=2,microbatches=2", {"xla-lhs"}},
+      {"dp=2,zero=3", {"zero"}}};
+  for (const auto& [plan, scheds] : moe) {
+    cases.push_back({"mixtral-tiny", plan, "fifo"});
+    for (const std::string& sched : full ? all : scheds) cases.push_back({"mixtral-tiny", plan, sched});
+  }
   return cases;
 }
 
@@ -496,6 +516,52 @@ TEST(Reference, SchedulesOfOneProgramAgreeBitForBit) {
     Result<ReferenceReport> report = CompareToReference(fifo, *base, sp, *run, exact, options.init.layouts);
     EXPECT_TRUE(report.ok()) << sched << ": " << report.status().message();
   }
+}
+
+TEST(Reference, MoeDropsTokensYetShardedRunsMatch) {
+  // Capacity is per sequence (GShard groups = sequences): a rank routes its
+  // own sequences exactly as the unsharded run routes them, so the dropped
+  // (token, choice) pairs are the same. Check that mixtral-tiny does drop:
+  // some expert gets more than C = 32 of a sequence's 64 x 2 choices.
+  const Lowered l = Lower({"mixtral-tiny", "dp=2,ep=2", "fifo"});
+  RunOptions options;
+  const ReferenceRun& ref = Reference(l, options);
+  const std::vector<float>* ids = ref.run.Rank(0).Find("L0.moe.top_k.ids");
+  ASSERT_NE(ids, nullptr);
+  const int64_t seq_choices = 64 * 2, capacity = 32;
+  ASSERT_EQ(ids->size() % seq_choices, 0u);
+  int64_t dropped = 0;
+  for (size_t begin = 0; begin < ids->size(); begin += seq_choices) {
+    std::vector<int64_t> per_expert(4, 0);
+    for (size_t i = begin; i < begin + seq_choices; ++i) ++per_expert[static_cast<int>((*ids)[i])];
+    for (int64_t n : per_expert) dropped += std::max<int64_t>(0, n - capacity);
+  }
+  EXPECT_GT(dropped, 0);
+  std::printf("  mixtral-tiny reference, layer 0: %lld of %zu routing choices dropped\n",
+              static_cast<long long>(dropped), ids->size());
+}
+
+TEST(Reference, MoeWithoutTheExpertTransposeIsCaught) {
+  // ep=2 with 2 experts per rank: the all-to-all's output [ep, E/ep, B*C, h]
+  // and the experts' [E/ep, ep, B*C, h] have the same shape, so a transpose
+  // that swaps nothing still verifies, but feeds each expert the wrong rows.
+  const Lowered l = Lower({"mixtral-tiny", "dp=2,ep=2", "fifo"});
+  RunOptions options;
+  const ReferenceRun& ref = Reference(l, options);
+  Program broken = l.program;
+  int changed = 0;
+  for (Op& op : broken.graphs[0].ops)
+    if (op.kind == OpKind::kCompute && op.compute_type == ComputeType::kTranspose) {
+      op.attrs["axis1"] = 0;
+      ++changed;
+    }
+  EXPECT_EQ(changed, 8);  // 2 layers x (2 forward + 2 backward)
+  ScheduledProgram sp = Schedule(broken, "fifo");
+  Result<RunResult> run = RunInProcess(sp, options);
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  Result<ReferenceReport> report = CompareToReference(ref.sp, ref.run, sp, *run, Tolerance{}, {});
+  ASSERT_FALSE(report.ok());
+  EXPECT_HAS(report.status().message(), "diverges from the reference: first diverging tensor: loss");
 }
 
 // ---- refusal, faults, measured timelines ----------------------------------------

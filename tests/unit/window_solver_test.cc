@@ -462,3 +462,107 @@ TEST_F(VerifierFixture, NoAnswerHasNothingToCheck) {
 
 }  // namespace
 }  // namespace concerto
+
+namespace concerto {
+namespace {
+
+/// Memory as a cumulative resource. Tasks: X (r0, 10) -> G (r1, 30), and
+/// P (r0, 10) -> C (r0, 10). Buffer x (1 unit) lives from X's start to G's
+/// end, buffer p (2 units) from P's start to C's end.
+///
+///   unconstrained optimum, 40 ticks, peak 3 at t = 10 (x and p held):
+///     r0 |X.........|P.........|C.........|
+///     r1            |G.............................|
+///   capacity 2: p may not overlap x, so P and C run before X or after G:
+///     r0 |P.........|C.........|X.........|
+///     r1                                  |G.............................|  60 ticks
+WindowProblem MemoryExample(int64_t capacity) {
+  WindowProblem p;
+  p.num_resources = 2;
+  p.tasks = {{10, 0, 0, kFarDeadline}, {30, 1, 0, kFarDeadline}, {10, 0, 0, kFarDeadline}, {10, 0, 0, kFarDeadline}};
+  p.precedences = {{0, 1}, {2, 3}};
+  p.buffers = {{1, 0, 0, {1}, 0}, {2, 2, 0, {3}, 0}};
+  p.memory_capacity = capacity;
+  return p;
+}
+
+TEST(WindowMemoryTest, PeakOfTheUnconstrainedOptimum) {
+  WindowProblem p = MemoryExample(-1);
+  // X [0,10) G [10,40) P [10,20) C [20,30): x on [0,40), p on [10,30) -> 3 at t = 10.
+  WindowMemoryPeak peak = PeakWindowMemory(p, {0, 10, 10, 20});
+  EXPECT_EQ(peak.units, 3);
+  EXPECT_EQ(peak.time, 10);
+  // P [0,10) C [10,20) X [20,30) G [30,60): p on [0,20), x on [20,60); a
+  // release at 20 comes before the allocation at 20 -> peak 2.
+  EXPECT_EQ(PeakWindowMemory(p, {20, 30, 0, 10}).units, 2);
+}
+
+TEST(WindowMemoryTest, VerifierFlagsMemoryOverCapacity) {
+  WindowProblem p = MemoryExample(2);
+  WindowSolution s;
+  s.status = SolveStatus::kFeasible;
+  s.start = {0, 10, 10, 20};
+  s.objective = 40;
+  std::vector<std::string> v = VerifyWindowSolution(p, s);
+  ASSERT_EQ(v.size(), 1u) << Join(v);
+  EXPECT_EQ(v[0], "memory: 3 units held at time 10 exceed the capacity 2");
+}
+
+TEST(WindowMemoryTest, InvalidBuffersAreErrors) {
+  WindowProblem p = MemoryExample(2);
+  p.buffers[1].consumers = {7};
+  Status s = ValidateWindowProblem(p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.message(), "buffer 1: consumer 7 is out of range [0, 4)");
+  p = MemoryExample(2);
+  p.buffers[0].units = -1;
+  EXPECT_EQ(ValidateWindowProblem(p).message(), "buffer 0: units -1 is outside [0, 2^52]");
+}
+
+TEST(WindowMemoryTest, GecodeKeepsMemoryUnderTheCapacity) {
+  WindowSolution free = SolveWith("gecode", MemoryExample(-1));
+  EXPECT_EQ(free.status, SolveStatus::kOptimal);
+  EXPECT_EQ(free.objective, 40);
+  EXPECT_EQ(PeakWindowMemory(MemoryExample(-1), free.start).units, 3);
+
+  WindowProblem p = MemoryExample(2);
+  WindowSolution s = SolveWith("gecode", p);
+  EXPECT_EQ(s.status, SolveStatus::kOptimal);
+  EXPECT_EQ(s.objective, 60);
+  EXPECT_LE(PeakWindowMemory(p, s.start).units, 2);
+  EXPECT_TRUE(VerifyWindowSolution(p, s).empty()) << Join(VerifyWindowSolution(p, s));
+
+  // With a hint at 60 the search proves it optimal (nothing under 60 fits).
+  p.hint = {20, 30, 0, 10};
+  s = SolveWith("gecode", p);
+  EXPECT_EQ(s.status, SolveStatus::kOptimal);
+  EXPECT_EQ(s.objective, 60);
+}
+
+TEST(WindowMemoryTest, NoScheduleFitsACapacityBelowOneBuffer) {
+  // p alone needs 2 units.
+  EXPECT_EQ(SolveWith("gecode", MemoryExample(1)).status, SolveStatus::kInfeasible);
+}
+
+TEST(WindowMemoryTest, CbcDropsAnswersOverTheCapacity) {
+  // The ILP leaves memory out: its 40-tick answer holds 3 units, so the
+  // hint (60 ticks, peak 2) stands, and nothing is proven.
+  WindowProblem p = MemoryExample(2);
+  p.hint = {20, 30, 0, 10};
+  WindowSolution s = SolveWith("cbc", p);
+  EXPECT_EQ(s.status, SolveStatus::kFeasible);
+  EXPECT_EQ(s.objective, 60);
+  EXPECT_TRUE(VerifyWindowSolution(p, s).empty()) << Join(VerifyWindowSolution(p, s));
+}
+
+TEST(WindowMemoryTest, LeftShiftKeepsMemoryFeasible) {
+  // X at 0, G after it; P and C delayed until G ends (60): left-shifting would
+  // move P to 10, where it overlaps x.
+  WindowProblem p = MemoryExample(2);
+  std::vector<int64_t> delayed = {0, 10, 40, 50};
+  EXPECT_EQ(LeftShiftStarts(p, delayed), (std::vector<int64_t>{0, 10, 10, 20}));
+  EXPECT_EQ(LeftShiftWithinMemory(p, delayed), delayed);
+}
+
+}  // namespace
+}  // namespace concerto

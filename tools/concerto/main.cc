@@ -2,11 +2,15 @@
 // Status; this file alone turns them into exit codes (0 ok, 1 bad input, 2
 // bad arguments).
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <cstdio>
 #include <fmt/format.h>
 #include <fstream>
 #include <iostream>
+#include <map>
 
 #include "concerto/cost/cluster.h"
 #include "concerto/cost/cost_model.h"
@@ -16,9 +20,13 @@
 #include "concerto/lower/frontend.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/plan.h"
+#include "concerto/lower/sharding_plan.h"
 #include "concerto/lower/transformer.h"
 #include "concerto/report/report.h"
 #include "concerto/schedule/window_solver.h"
+#include "concerto/runtime/launcher.h"
+#include "concerto/runtime/launcher_job.h"
+#include "concerto/runtime/profile.h"
 
 namespace {
 
@@ -242,6 +250,27 @@ int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
         r.incumbent, r.incumbent_makespan_us / 1e3, r.rounds_run, r.windows.size(), r.windows_optimal,
         r.windows_feasible, r.windows_unsolved, r.solver, r.fused_collectives, 100 * r.gap, r.seconds,
         r.hit_time_budget ? " (time budget reached)" : "");
+    std::cout << fmt::format("makespan {:.3f} ms -> {:.3f} ms; peak memory {:.3f} GiB (incumbent {:.3f} GiB{})\n",
+                             r.incumbent_makespan_us / 1e3, r.final_makespan_us / 1e3,
+                             r.peak_memory_bytes / double(1 << 30), r.incumbent_peak_memory_bytes / double(1 << 30),
+                             r.memory_budget_bytes > 0
+                                 ? fmt::format(", budget {:.3f} GiB", r.memory_budget_bytes / double(1 << 30))
+                                 : std::string());
+    if (r.windows_hit_time_limit > 0)
+      std::cout << fmt::format("{} windows stopped on the wall-clock limit: this result depends on machine load\n",
+                               r.windows_hit_time_limit);
+    // Per pass: how each window's solve ended.
+    for (size_t k = 0; k < r.windows.size();) {
+      const int round = r.windows[k].round, pass = r.windows[k].pass;
+      std::map<std::string, int> count;
+      size_t end = k;
+      for (; end < r.windows.size() && r.windows[end].round == round && r.windows[end].pass == pass; ++end)
+        count[std::string(ToString(r.windows[end].status))]++;
+      std::string line = fmt::format("  round {} {} pass: {} windows", round + 1, pass == 0 ? "odd" : "even", end - k);
+      for (const auto& [status, n] : count) line += fmt::format(", {} {}", n, status);
+      std::cout << line << "\n";
+      k = end;
+    }
   }
   std::cout << fmt::format("schedule written to {}, program to {}\n", sf.output, program_path);
   return 0;
@@ -263,15 +292,25 @@ Status RunCompare(const Program& program, const CommonFlags& flags, const std::v
   return Status::Ok();
 }
 
-/// The program named by FILE, or lowered from --model/--plan when FILE is empty.
+/// --model under --sharding FILE: the unsharded model partitioned by the file.
+Result<Program> LowerSharded(const std::string& model, const std::string& sharding, std::string* label) {
+  Result<ShardingPlan> plan = LoadShardingPlan(sharding);
+  if (!plan.ok()) return plan.status();
+  *label = model + " (sharding " + sharding + ")";
+  Progress("lowering " + *label);
+  return LowerModelSharding(model, *plan);
+}
+
+/// The program named by FILE, or lowered from --model/--plan (or --sharding) when FILE is empty.
 Result<Program> ProgramFromArgs(const std::string& file, const std::string& model, const std::string& plan_text,
-                                std::string* label) {
+                                std::string* label, const std::string& sharding = "") {
   if (!file.empty()) {
     *label = file;
     return ReadProgramFile(file);
   }
   if (model.empty()) return Status::Error("give a program FILE or --model (and --plan)");
-  Result<ParallelPlan> plan = ParsePlan(plan_text);
+  if (!sharding.empty()) return LowerSharded(model, sharding, label);
+  Result<ParallelPlan> plan = LoadPlan(plan_text);
   if (!plan.ok()) return plan.status();
   *label = model + " (" + PlanToString(*plan) + ")";
   Progress("lowering " + *label);
@@ -279,9 +318,9 @@ Result<Program> ProgramFromArgs(const std::string& file, const std::string& mode
 }
 
 int CmdCompare(const std::string& file, const std::string& model, const std::string& plan_text,
-               const CommonFlags& flags, std::vector<std::string> schedulers) {
+               const CommonFlags& flags, std::vector<std::string> schedulers, const std::string& sharding) {
   std::string label;
-  Result<Program> program = ProgramFromArgs(file, model, plan_text, &label);
+  Result<Program> program = ProgramFromArgs(file, model, plan_text, &label, sharding);
   if (!program.ok()) return Fail(program.status());
   if (schedulers.empty()) schedulers = SchedulerNames();
   std::vector<RunResult> runs;
@@ -299,11 +338,13 @@ int CmdCompare(const std::string& file, const std::string& model, const std::str
 }
 
 // ---- lower ----
-int CmdLower(const std::string& model, const std::string& plan_text, const std::string& out, bool json) {
-  Result<ParallelPlan> plan = ParsePlan(plan_text);
+int CmdLower(const std::string& model, const std::string& plan_text, const std::string& out, bool json,
+             const std::string& sharding) {
+  Result<ParallelPlan> plan = sharding.empty() ? LoadPlan(plan_text) : Result<ParallelPlan>(ParallelPlan{});
   if (!plan.ok()) return Fail(plan.status());
   auto t0 = std::chrono::steady_clock::now();
-  Result<Program> program = LowerModelPlan(model, plan_text);
+  std::string label;
+  Result<Program> program = sharding.empty() ? LowerModelPlan(model, plan_text) : LowerSharded(model, sharding, &label);
   if (!program.ok()) return Fail(program.status());
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (Status s = WriteFile(out, WriteProgram(*program)); !s.ok()) return Fail(s);
@@ -313,13 +354,15 @@ int CmdLower(const std::string& model, const std::string& plan_text, const std::
     for (const auto& op : g.ops) comm += op.IsComm();
   }
   if (json)
-    std::cout << nlohmann::json({{"model", model}, {"plan", PlanToString(*plan)}, {"ranks", program->mesh.NumRanks()},
+    std::cout << nlohmann::json({{"model", model}, {"plan", sharding.empty() ? PlanToString(*plan) : "sharding " + sharding},
+                                 {"ranks", program->mesh.NumRanks()},
                                  {"ops", ops}, {"comm_ops", comm}, {"lower_ms", ms}, {"output", out}})
                      .dump(2)
               << "\n";
   else
     std::cout << fmt::format("{} under {}: {} ranks, {} ops ({} communication) in {:.1f} ms, written to {}\n", model,
-                             PlanToString(*plan), program->mesh.NumRanks(), ops, comm, ms, out);
+                             sharding.empty() ? PlanToString(*plan) : "sharding " + sharding,
+                             program->mesh.NumRanks(), ops, comm, ms, out);
   return 0;
 }
 
@@ -358,6 +401,251 @@ int CmdDemo(const std::string& trace, bool json) {
     }
   }
   if (json) std::cout << all.dump(2) << "\n";
+  return 0;
+}
+
+// ---- run ----
+struct RunFlags {
+  std::string file;
+  std::string model, plan;
+  std::string schedule_file;
+  std::string scheduler;
+  int ranks = 0;  // 0: the program's
+  bool in_process = false;
+  std::string trace;
+  bool check = false;
+  int iterations = 1;
+  int warmup = 0;
+  double timeout_s = 60;
+  std::string fail_op, kill_op;
+  int fail_rank = -1, kill_rank = -1;
+  bool dry_run = false;
+  bool json = false;
+  std::string cluster = "a800-4x8";
+  std::string profile;
+  int block = 125, rounds = 4;
+  double time_budget_s = 60;
+};
+
+/// A fresh private directory for the files handed to the MPI ranks.
+Result<std::string> MakeTempDir() {
+  char tmpl[] = "/tmp/concerto-run-XXXXXX";
+  if (!mkdtemp(tmpl)) return Status::Error(std::string("cannot create a temporary directory: ") + std::strerror(errno));
+  return std::string(tmpl);
+}
+
+/// `concerto run`: prepares (and verifies) the job here, then runs it in
+/// process or launches concerto_mpi_run through mpirun; returns the exit code.
+int CmdRun(const RunFlags& rf) {
+  JobSpec spec;
+  spec.program_file = rf.file;
+  if (rf.file.empty()) spec.model = rf.model, spec.plan = rf.plan;
+  spec.schedule_file = rf.schedule_file;
+  spec.scheduler = rf.scheduler.empty() ? "fifo" : rf.scheduler;
+  spec.cluster = rf.cluster;
+  spec.profile = rf.profile;
+  spec.concerto_block_ops = rf.block;
+  spec.concerto_rounds = rf.rounds;
+  spec.concerto_time_budget_s = rf.time_budget_s;
+  Result<ScheduledProgram> sp = PrepareJob(spec, Progress);
+  if (!sp.ok()) return Fail(sp.status());
+  const int ranks = sp->program.mesh.NumRanks();
+  if (rf.ranks != 0 && rf.ranks != ranks)
+    return Fail(Status::Error(fmt::format("-n {}: the program needs {} ranks", rf.ranks, ranks)));
+  Result<std::unique_ptr<CostModel>> cost = MakeJobCostModel(rf.cluster, rf.profile);
+  if (!cost.ok()) return Fail(cost.status());
+  if (rf.in_process) {
+    if (!rf.kill_op.empty()) return Fail(Status::Error("--kill-op needs MPI (it ends a process); use --fail-op"));
+    LocalJobOptions local;
+    local.iterations = rf.iterations;
+    local.warmup = rf.warmup;
+    local.timeout_s = rf.timeout_s;
+    local.check = rf.check;
+    local.model = rf.model;
+    local.plan = rf.plan;
+    local.fail_op = rf.fail_op;
+    local.fail_rank = rf.fail_rank;
+    Progress(fmt::format("running {} ranks in process ({} warm-up + {} measured iterations)", ranks, rf.warmup,
+                         rf.iterations));
+    Result<MeasuredJob> job = RunLocalJob(*sp, local);
+    if (!job.ok()) return Fail(job.status());
+    if (!rf.trace.empty()) {
+      if (Status s = WriteFile(rf.trace, ChromeTrace(*sp, job->timeline)); !s.ok()) return Fail(s);
+      Progress("trace of the median iteration written to " + rf.trace);
+    }
+    if (rf.json) {
+      nlohmann::json j = MeasuredJobJson(*sp, *job, **cost);
+      j["backend"] = "in-process";
+      std::cout << j.dump(2) << "\n";
+    } else {
+      std::cout << MeasuredJobText(*sp, *job, **cost);
+    }
+    return 0;
+  }
+  Result<std::string> dir = SelfExeDir();
+  if (!dir.ok()) return Fail(dir.status());
+  Result<std::string> worker = FindMpiWorker(*dir);
+  if (!worker.ok() && !rf.dry_run) return Fail(worker.status());
+  Result<std::string> tmp = rf.dry_run ? Result<std::string>(std::string("/tmp/concerto-run-DRYRUN")) : MakeTempDir();
+  if (!tmp.ok()) return Fail(tmp.status());
+  WorkerRequest request;
+  request.program_file = *tmp + "/program.json";
+  request.schedule_file = *tmp + "/schedule.json";
+  request.check = rf.check;
+  request.model = rf.model;
+  request.plan = rf.plan;
+  request.cluster = rf.cluster;
+  request.profile = rf.profile;
+  request.iterations = rf.iterations;
+  request.warmup = rf.warmup;
+  request.trace = rf.trace;
+  request.json = rf.json;
+  request.timeout_s = rf.timeout_s;
+  request.fail_op = rf.fail_op;
+  request.fail_rank = rf.fail_rank;
+  request.kill_op = rf.kill_op;
+  request.kill_rank = rf.kill_rank;
+  MpirunSpec mpirun;
+  mpirun.ranks = ranks;
+  mpirun.as_root = RunningAsRoot();
+  mpirun.worker = worker.ok() ? *worker : *dir + "/concerto_mpi_run";
+  if (rf.dry_run) {
+    mpirun.worker_args = WorkerArgs(request);
+    Result<std::vector<std::string>> argv = MpirunCommand(mpirun);
+    if (!argv.ok()) return Fail(argv.status());
+    std::cout << ShellJoin(*argv) << "\n";
+    return 0;
+  }
+  Status written = WriteFile(request.program_file, WriteProgram(sp->program));
+  if (written.ok()) written = WriteFile(request.schedule_file, WriteSchedule(sp->schedule));
+  if (!written.ok()) return Fail(written);
+  Progress(fmt::format("launching {} MPI ranks ({} warm-up + {} measured iterations)", ranks, rf.warmup,
+                       rf.iterations));
+  SubprocessRunner runner;
+  Result<int> code = LaunchWorker(mpirun, request, runner);
+  std::filesystem::remove_all(*tmp);
+  if (!code.ok()) return Fail(code.status());
+  if (*code != 0) std::fprintf(stderr, "concerto: run failed: mpirun exited with code %d\n", *code);
+  return *code;
+}
+
+// ---- profile ----
+struct ProfileFlags {
+  std::string program;
+  std::string out_dir = "profile";
+  int ranks = 0;  // 0: the program's ranks, else 2
+  bool in_process = false;
+  int64_t max_bytes = 16 << 20;
+  int reps = 5;
+  bool json = false;
+};
+
+/// `concerto profile`: times kernels here and collectives over MPI (or
+/// FakeWorld), fits the cpu-local cluster, writes both files.
+int CmdProfile(const ProfileFlags& pf) {
+  // The built-in shapes always run (they make the fits well posed); a
+  // program's own kernels come first and get exact database entries.
+  std::vector<Program> programs;
+  std::unique_ptr<Program> program;
+  if (!pf.program.empty()) {
+    Result<Program> p = ReadProgramFile(pf.program);
+    if (!p.ok()) return Fail(p.status());
+    program = std::make_unique<Program>(*p);
+    programs.push_back(*p);
+  }
+  Result<std::vector<Program>> defaults = DefaultProfilePrograms();
+  if (!defaults.ok()) return Fail(defaults.status());
+  for (Program& p : *defaults) programs.push_back(std::move(p));
+  const int ranks = pf.ranks > 0 ? pf.ranks : program ? program->mesh.NumRanks() : 2;
+  if (ranks < 2) return Fail(Status::Error("profiling collectives needs at least 2 ranks (--ranks)"));
+  const std::string device = "cpu-local";
+  ClusterSpec shape;  // the signature context: one node of `ranks` devices
+  shape.name = "cpu-local";
+  shape.device.name = device;
+  shape.nodes = 1;
+  shape.devices_per_node = ranks;
+  std::error_code ec;
+  std::filesystem::create_directories(pf.out_dir, ec);
+  if (ec) return Fail(Status::Error(pf.out_dir + ": " + ec.message()));
+
+  std::vector<KernelSample> kernels;
+  for (const Program& p : programs) {
+    Progress("timing the compute kernels of '" + p.name + "'");
+    Result<std::vector<KernelSample>> k = ProfileKernels(p, shape);
+    if (!k.ok()) return Fail(k.status());
+    kernels.insert(kernels.end(), k->begin(), k->end());
+  }
+  std::vector<CollectiveSpec> specs = DefaultCollectiveSpecs(ranks, pf.max_bytes);
+  if (program)
+    for (const CollectiveSpec& s : ProgramCollectiveSpecs(*program))
+      if (s.group_size <= ranks) specs.push_back(s);
+  Result<std::vector<CollectiveSample>> samples = Status::Error("unreachable");
+  std::string comm_backend;
+  if (pf.in_process) {
+    comm_backend = "in-process (FakeWorld threads: memory copies, no network)";
+    Progress(fmt::format("timing {} collectives in process over {} threads", specs.size(), ranks));
+    samples = ProfileCollectivesInProcess(ranks, specs, pf.reps);
+  } else {
+    comm_backend = "mpi (concerto_mpi_run over mpirun, TCP)";
+    Result<std::string> dir = SelfExeDir();
+    if (!dir.ok()) return Fail(dir.status());
+    Result<std::string> worker = FindMpiWorker(*dir);
+    if (!worker.ok()) return Fail(worker.status());
+    MpirunSpec mpirun;
+    mpirun.ranks = ranks;
+    mpirun.as_root = RunningAsRoot();
+    mpirun.worker = *worker;
+    const std::string out = pf.out_dir + "/collectives.json";
+    mpirun.worker_args = {"--profile-comm", out, "--profile-specs", FormatCollectiveSpecs(specs),
+                          "--profile-reps", std::to_string(pf.reps)};
+    Result<std::vector<std::string>> argv = MpirunCommand(mpirun);
+    if (!argv.ok()) return Fail(argv.status());
+    Progress(fmt::format("timing {} collectives over MPI on {} ranks", specs.size(), ranks));
+    SubprocessRunner runner;
+    Result<int> code = runner.Run(*argv);
+    if (!code.ok()) return Fail(code.status());
+    if (*code != 0) return Fail(Status::Error(fmt::format("collective profile: mpirun exited with code {}", *code)));
+    samples = ReadCollectiveSamples(out);
+  }
+  if (!samples.ok()) return Fail(samples.status());
+  Result<ComputeFit> compute = FitCompute(kernels);
+  if (!compute.ok()) return Fail(compute.status());
+  Result<CollectiveFit> comm = FitCollectives(*samples);
+  if (!comm.ok()) return Fail(comm.status());
+  const ClusterSpec cluster = MakeCpuLocalCluster(*compute, *comm, ranks, device);
+  const ProfileDb db = MakeProfileDb(device, kernels, *samples, program.get(), cluster);
+  const std::string cluster_path = pf.out_dir + "/cpu-local.json", db_path = pf.out_dir + "/profile.json";
+  if (Status s = WriteFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
+  if (Status s = WriteFile(db_path, db.Write()); !s.ok()) return Fail(s);
+  if (pf.json) {
+    nlohmann::json j = {{"kernels", kernels.size()},
+                        {"collective_samples", samples->size()},
+                        {"collective_backend", comm_backend},
+                        {"ranks", ranks},
+                        {"matmul_tflops", compute->matmul_tflops},
+                        {"matmul_fit_r2", compute->matmul.r2},
+                        {"memory_gbps", compute->memory_gbps},
+                        {"memory_fit_r2", compute->memory.r2},
+                        {"launch_overhead_us", compute->launch_overhead_us},
+                        {"vector_efficiency", compute->vector_efficiency},
+                        {"link_latency_us", comm->latency_us},
+                        {"link_bandwidth_gbps", comm->bandwidth_gbps},
+                        {"link_fit_max_rel_error", comm->max_rel_error},
+                        {"profile_entries", db.size()},
+                        {"profile_file", db_path},
+                        {"cluster_file", cluster_path}};
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format(
+      "{} kernels timed; {} collective samples ({})\n"
+      "fitted: matmul {:.4f} TFLOP/s (R^2 {:.3f}), memory {:.2f} GB/s (R^2 {:.3f}), launch {:.2f} us, vector "
+      "efficiency {:.4f}\n"
+      "fitted link: alpha {:.2f} us per step, {:.4f} GB/s (worst relative error {:.0f}%)\n"
+      "profile database ({} entries) written to {}; cluster written to {}\n",
+      kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
+      compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
+      comm->latency_us, comm->bandwidth_gbps, 100 * comm->max_rel_error, db.size(), db_path, cluster_path);
   return 0;
 }
 
@@ -410,7 +698,12 @@ int main(int argc, char** argv) {
   std::string compare_model, compare_plan = "dp=1";
   compare->add_option("FILE", compare_file, "program in the IR's JSON form (or use --model and --plan)");
   compare->add_option("--model", compare_model, "lower this model preset or spec file instead of reading FILE");
-  compare->add_option("--plan", compare_plan, "parallel plan for --model, e.g. dp=4,tp=8")->capture_default_str();
+  std::string compare_sharding;
+  auto* compare_plan_opt =
+      compare->add_option("--plan", compare_plan, "parallel plan for --model, e.g. dp=4,tp=8, or a plan file (YAML/JSON)")
+          ->capture_default_str();
+  compare->add_option("--sharding", compare_sharding, "per-op sharding file (JSON) for --model, instead of --plan")
+      ->excludes(compare_plan_opt);
   compare->add_option("--schedulers", compare_schedulers, "schedulers to run (default: all)")
       ->delimiter(',')
       ->check(CLI::IsMember(SchedulerNames()));
@@ -422,8 +715,13 @@ int main(int argc, char** argv) {
   lower->add_option("--model", lower_model,
                     "model preset (" + fmt::format("{}", fmt::join(AllModelPresetNames(), ", ")) + ") or a .yaml/.json model spec")
       ->capture_default_str();
-  lower->add_option("--plan", lower_plan, "parallel plan: dp=N,tp=N,sp,zero=0..3 (e.g. dp=4,tp=8,sp or zero=3,dp=32)")
-      ->capture_default_str();
+  std::string lower_sharding;
+  auto* lower_plan_opt =
+      lower->add_option("--plan", lower_plan,
+                        "parallel plan: dp=N,tp=N,sp,zero=0..3 (e.g. dp=4,tp=8,sp or zero=3,dp=32), or a plan file (YAML/JSON)")
+          ->capture_default_str();
+  lower->add_option("--sharding", lower_sharding, "per-op sharding file (JSON), instead of --plan")
+      ->excludes(lower_plan_opt);
   lower->add_option("-o,--output", lower_out, "where to write the program")->required();
   lower->add_flag("--json", lower_json, "print one JSON object");
 
@@ -437,6 +735,48 @@ int main(int argc, char** argv) {
   auto* clusters = app.add_subcommand("clusters", "list the built-in cluster presets");
   auto* models = app.add_subcommand("models", "list the built-in model presets");
   auto* schedulers = app.add_subcommand("schedulers", "list the schedulers");
+
+  RunFlags rf;
+  auto* run = app.add_subcommand("run", "execute a program with its schedule for real (MPI processes or threads)");
+  run->add_option("FILE", rf.file, "program in the IR's JSON form (or use --model and --plan)");
+  run->add_option("--model", rf.model, "lower this model preset or spec file (also names the --check reference)");
+  run->add_option("--plan", rf.plan, "parallel plan for --model, e.g. dp=2");
+  auto* run_schedule = run->add_option("--schedule", rf.schedule_file, "run this schedule file (it is verified first)");
+  run->add_option("--scheduler", rf.scheduler, "make the schedule with this scheduler (default fifo)")
+      ->check(CLI::IsMember(SchedulerNames()))
+      ->excludes(run_schedule);
+  run->add_option("-n,--ranks", rf.ranks, "number of ranks (must match the program; default: the program's)");
+  run->add_flag("--in-process", rf.in_process, "run the ranks as threads of this process (no MPI)");
+  run->add_option("--trace", rf.trace, "write the Chrome trace of the median iteration here");
+  run->add_flag("--check", rf.check, "compare losses, gradients and parameters with the unsharded model (needs --model)");
+  run->add_option("--iterations", rf.iterations, "measured iterations (median reported)")->capture_default_str()->check(CLI::Range(1, 1000000));
+  run->add_option("--warmup", rf.warmup, "iterations run before measuring")->capture_default_str()->check(CLI::Range(0, 1000000));
+  run->add_option("--timeout", rf.timeout_s, "seconds a collective waits for its peers before failing [s]")->capture_default_str()->check(CLI::PositiveNumber);
+  run->add_option("--cluster", rf.cluster, "cluster preset or file the scheduler plans with")->capture_default_str();
+  run->add_option("--profile", rf.profile, "profile database for the scheduler's cost model");
+  run->add_option("--block", rf.block, "concerto: ops per block")->capture_default_str()->check(CLI::Range(2, 100000));
+  run->add_option("--rounds", rf.rounds, "concerto: rounds")->capture_default_str()->check(CLI::Range(1, 1000));
+  run->add_option("--time-budget", rf.time_budget_s, "concerto: search time budget [s]")->capture_default_str()->check(CLI::PositiveNumber);
+  auto* fail_op = run->add_option("--fail-op", rf.fail_op, "fault injection: this op fails on --fail-rank");
+  auto* fail_rank = run->add_option("--fail-rank", rf.fail_rank, "fault injection: the rank of --fail-op")->check(CLI::NonNegativeNumber);
+  fail_op->needs(fail_rank);
+  fail_rank->needs(fail_op);
+  auto* kill_op = run->add_option("--kill-op", rf.kill_op, "fault injection: the process of --kill-rank dies (SIGKILL) at this op");
+  auto* kill_rank = run->add_option("--kill-rank", rf.kill_rank, "fault injection: the rank of --kill-op")->check(CLI::NonNegativeNumber);
+  kill_op->needs(kill_rank);
+  kill_rank->needs(kill_op);
+  run->add_flag("--dry-run", rf.dry_run, "print the mpirun command instead of running it");
+  run->add_flag("--json", rf.json, "print one JSON object");
+
+  ProfileFlags pf;
+  auto* profile = app.add_subcommand("profile", "measure this machine's kernels and collectives; write a profile database and a cpu-local cluster");
+  profile->add_option("--program", pf.program, "profile the ops of this program (default: a built-in set of shapes)");
+  profile->add_option("--out-dir", pf.out_dir, "where to write profile.json and cpu-local.json")->capture_default_str();
+  profile->add_option("--ranks", pf.ranks, "ranks for the collectives (default: the program's, else 2)")->check(CLI::Range(2, 1024));
+  profile->add_flag("--in-process", pf.in_process, "time collectives over threads (FakeWorld) instead of MPI processes");
+  profile->add_option("--max-bytes", pf.max_bytes, "largest collective size in the sweep [bytes]")->capture_default_str()->check(CLI::Range(int64_t{4096}, int64_t{1} << 32));
+  profile->add_option("--reps", pf.reps, "timed repetitions per collective")->capture_default_str()->check(CLI::Range(1, 1000));
+  profile->add_flag("--json", pf.json, "print one JSON object");
 
   try {
     app.parse(argc, argv);
@@ -456,10 +796,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "concerto compare: give either a program FILE or --model (with --plan)\n");
       return kExitUsage;
     }
-    return CmdCompare(compare_file, compare_model, compare_plan, flags, compare_schedulers);
+    return CmdCompare(compare_file, compare_model, compare_plan, flags, compare_schedulers, compare_sharding);
   }
   if (*schedule) return CmdSchedule(schedf, flags);
-  if (*lower) return CmdLower(lower_model, lower_plan, lower_out, lower_json);
+  if (*lower) return CmdLower(lower_model, lower_plan, lower_out, lower_json, lower_sharding);
   if (*demo) return CmdDemo(demo_trace, demo_json);
   if (*clusters) {
     for (const auto& name : ClusterPresetNames()) {
@@ -479,6 +819,18 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
+  if (*run) {
+    if (rf.file.empty() == rf.model.empty() || (!rf.model.empty() && rf.plan.empty())) {
+      std::fprintf(stderr, "concerto run: give either a program FILE or --model with --plan\n");
+      return kExitUsage;
+    }
+    if (rf.check && (rf.model.empty() || rf.plan.empty())) {
+      std::fprintf(stderr, "concerto run: --check needs --model and --plan (they define the unsharded reference)\n");
+      return kExitUsage;
+    }
+    return CmdRun(rf);
+  }
+  if (*profile) return CmdProfile(pf);
   if (*schedulers) {
     for (const auto& name : SchedulerNames()) std::cout << name << "\n";
     return 0;

@@ -1,73 +1,162 @@
-// concerto_mpi_run: executes one rank of a lowered, scheduled program per MPI
-// process. Usage:
-//   mpirun -n N concerto_mpi_run --model gpt-tiny --plan dp=2 [--scheduler fifo]
-//          [--check] [--timeout SECONDS]
-// Every rank lowers and schedules the same program, creates the MPI
-// communicators of all its groups up front, and runs its rank through the
-// executor. With --check (decoder presets only) the ranks send their tensors
-// to rank 0, which runs the unsharded reference in-process and compares the
-// loss, the gradients and the updated parameters (CompareToReference).
+// concerto_mpi_run: executes one rank of a scheduled program per MPI process
+// (docs/runtime.md, "Running over MPI"). `concerto run` launches it through
+// mpirun; it can also be started by hand:
+//   mpirun -n N concerto_mpi_run (--program P.json [--schedule S.json] |
+//          --model M --plan P) [--scheduler NAME|concerto] [--cluster C]
+//          [--profile DB] [--iterations N] [--warmup W] [--check]
+//          [--trace FILE] [--json] [--timeout SECONDS]
+//          [--fail-op NAME --fail-rank R] [--kill-op NAME --kill-rank R]
+//   mpirun -n N concerto_mpi_run --profile-comm OUT.json [--profile-specs SPECS]
+//
+// Rank 0 prepares the job (reads or lowers the program, reads or makes the
+// schedule: any baseline, or the Concerto scheduler, which has time limits
+// and so is run once, on rank 0), checks it with the verifier, and sends
+// the program and schedule to every other rank. Every rank then creates
+// the MPI communicators of all groups and runs its rank warmup + iterations
+// times. Rank 0 gathers every rank's op records, reports the median
+// iteration (text or --json) and writes the Chrome trace of that
+// iteration; with --check it also gathers the last run's tensors and
+// compares them with the unsharded reference.
 // Exit code 0 on success, 1 on any error (printed with the rank).
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
-#include "concerto/cost/cluster.h"
-#include "concerto/cost/cost_model.h"
-#include "concerto/lower/frontend.h"
-#include "concerto/lower/plan.h"
-#include "concerto/lower/transformer.h"
+#include "concerto/report/report.h"
 #include "concerto/runtime/executor.h"
+#include "concerto/runtime/launcher_check.h"
+#include "concerto/runtime/launcher_job.h"
 #include "concerto/runtime/mpi_communicator.h"
-#include "concerto/runtime/reference.h"
-#include "concerto/schedule/scheduler.h"
+#include "concerto/runtime/profile.h"
 
 namespace concerto {
 namespace {
 
+constexpr int kJobTag = 5;
+constexpr int kRecordsTag = 6;
 constexpr int kTensorsTag = 7;
 
 struct Flags {
-  std::string model;
-  std::string plan;
-  std::string scheduler = "fifo";
+  JobSpec job;
+  bool scheduler_given = false;
+  int iterations = 1;
+  int warmup = 0;
   bool check = false;
+  bool json = false;
+  std::string trace;
   double timeout_s = 60;
+  std::string fail_op, kill_op;
+  int fail_rank = -1, kill_rank = -1;
+  std::string profile_comm;   // output file of the collective profile mode
+  std::string profile_specs;  // "type:n:bytes,..."; default sweep when empty
+  int profile_reps = 5;
+  int64_t profile_max_bytes = 16 << 20;
 };
+
+constexpr const char* kUsage =
+    "usage: concerto_mpi_run (--program P.json [--schedule S.json] | --model M --plan P) "
+    "[--scheduler NAME] [--cluster C] [--profile DB] [--block N] [--rounds R] [--time-budget S] "
+    "[--iterations N] [--warmup W] [--check] [--trace FILE] [--json] [--timeout S] "
+    "[--fail-op NAME --fail-rank R] [--kill-op NAME --kill-rank R]\n"
+    "   or: concerto_mpi_run --profile-comm OUT.json [--profile-specs TYPE:N:BYTES,...] [--profile-reps K] "
+    "[--profile-max-bytes B]";
+
+/// A whole number from `text`, or an error naming the flag.
+Result<long long> Integer(const std::string& flag, const std::string& text) {
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0') return Status::Error(flag + " needs an integer, got '" + text + "'");
+  return v;
+}
 
 /// Parses the command line; an error names the bad argument.
 Result<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&](std::string* out) -> Status {
+    auto value = [&]() -> Result<std::string> {
       if (i + 1 >= argc) return Status::Error("missing value after " + a);
-      *out = argv[++i];
-      return Status::Ok();
+      return std::string(argv[++i]);
     };
-    if (a == "--model") {
-      CONCERTO_RETURN_IF_ERROR(value(&f.model));
-    } else if (a == "--plan") {
-      CONCERTO_RETURN_IF_ERROR(value(&f.plan));
-    } else if (a == "--scheduler") {
-      CONCERTO_RETURN_IF_ERROR(value(&f.scheduler));
+    auto integer = [&](long long min) -> Result<long long> {
+      Result<std::string> v = value();
+      if (!v.ok()) return v.status();
+      Result<long long> n = Integer(a, *v);
+      if (n.ok() && *n < min) return Status::Error(a + " must be at least " + std::to_string(min));
+      return n;
+    };
+#define CONCERTO_FLAG_STRING(name, field)      \
+  if (a == name) {                             \
+    Result<std::string> v = value();           \
+    if (!v.ok()) return v.status();            \
+    field = *v;                                \
+    continue;                                  \
+  }
+#define CONCERTO_FLAG_INT(name, field, min)    \
+  if (a == name) {                             \
+    Result<long long> v = integer(min);        \
+    if (!v.ok()) return v.status();            \
+    field = *v;                                \
+    continue;                                  \
+  }
+    CONCERTO_FLAG_STRING("--program", f.job.program_file)
+    CONCERTO_FLAG_STRING("--schedule", f.job.schedule_file)
+    CONCERTO_FLAG_STRING("--model", f.job.model)
+    CONCERTO_FLAG_STRING("--plan", f.job.plan)
+    CONCERTO_FLAG_STRING("--cluster", f.job.cluster)
+    CONCERTO_FLAG_STRING("--profile", f.job.profile)
+    CONCERTO_FLAG_STRING("--trace", f.trace)
+    CONCERTO_FLAG_STRING("--fail-op", f.fail_op)
+    CONCERTO_FLAG_STRING("--kill-op", f.kill_op)
+    CONCERTO_FLAG_STRING("--profile-comm", f.profile_comm)
+    CONCERTO_FLAG_STRING("--profile-specs", f.profile_specs)
+    CONCERTO_FLAG_INT("--block", f.job.concerto_block_ops, 2)
+    CONCERTO_FLAG_INT("--rounds", f.job.concerto_rounds, 1)
+    CONCERTO_FLAG_INT("--iterations", f.iterations, 1)
+    CONCERTO_FLAG_INT("--warmup", f.warmup, 0)
+    CONCERTO_FLAG_INT("--fail-rank", f.fail_rank, 0)
+    CONCERTO_FLAG_INT("--kill-rank", f.kill_rank, 0)
+    CONCERTO_FLAG_INT("--profile-reps", f.profile_reps, 1)
+    CONCERTO_FLAG_INT("--profile-max-bytes", f.profile_max_bytes, 4096)
+#undef CONCERTO_FLAG_STRING
+#undef CONCERTO_FLAG_INT
+    if (a == "--scheduler") {
+      Result<std::string> v = value();
+      if (!v.ok()) return v.status();
+      f.job.scheduler = *v;
+      f.scheduler_given = true;
+    } else if (a == "--time-budget" || a == "--timeout") {
+      Result<std::string> v = value();
+      if (!v.ok()) return v.status();
+      const double s = std::atof(v->c_str());
+      if (!(s > 0)) return Status::Error(a + " needs a positive number of seconds, got '" + *v + "'");
+      (a == "--timeout" ? f.timeout_s : f.job.concerto_time_budget_s) = s;
     } else if (a == "--check") {
       f.check = true;
-    } else if (a == "--timeout") {
-      std::string t;
-      CONCERTO_RETURN_IF_ERROR(value(&t));
-      f.timeout_s = std::atof(t.c_str());
-      if (f.timeout_s <= 0) return Status::Error("--timeout needs a positive number of seconds");
+    } else if (a == "--json") {
+      f.json = true;
     } else {
-      return Status::Error("unknown argument '" + a +
-                           "' (usage: concerto_mpi_run --model M --plan P [--scheduler S] "
-                           "[--check] [--timeout SECONDS])");
+      return Status::Error("unknown argument '" + a + "'\n" + kUsage);
     }
   }
-  if (f.model.empty() || f.plan.empty()) return Status::Error("--model and --plan are required");
+  if (!f.profile_comm.empty()) return f;
+  const bool file = !f.job.program_file.empty(), model = !f.job.model.empty();
+  if (!file && !model) return Status::Error(std::string("give --program FILE or --model and --plan\n") + kUsage);
+  if (model && f.job.plan.empty()) return Status::Error("--model needs --plan");
+  if (file && model && !f.check)
+    return Status::Error("--program and --model together only with --check (the model names the reference)");
+  if (!f.job.schedule_file.empty() && !file) return Status::Error("--schedule needs --program (the program it belongs to)");
+  if (!f.job.schedule_file.empty() && f.scheduler_given)
+    return Status::Error("give either --schedule FILE or --scheduler NAME, not both");
+  if (f.check && !model) return Status::Error("--check needs --model and --plan (they define the unsharded reference)");
+  if ((f.fail_rank >= 0) != !f.fail_op.empty()) return Status::Error("--fail-op and --fail-rank go together");
+  if ((f.kill_rank >= 0) != !f.kill_op.empty()) return Status::Error("--kill-op and --kill-rank go together");
   return f;
 }
 
@@ -77,8 +166,39 @@ void Put(std::string* s, const T& v) {
   s->append(reinterpret_cast<const char*>(&v), sizeof(T));
 }
 
+/// Reads values written by Put, with bounds checks.
+class Reader {
+ public:
+  explicit Reader(const std::string& s) : s_(s) {}
+  template <typename T>
+  bool Get(T* out) {
+    if (pos_ + sizeof(T) > s_.size()) return false;
+    std::memcpy(out, s_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetString(std::string* out) {
+    int64_t n = 0;
+    if (!Get(&n) || n < 0 || pos_ + n > s_.size()) return false;
+    out->assign(s_.data() + pos_, n);
+    pos_ += n;
+    return true;
+  }
+  bool GetFloats(std::vector<float>* out, int64_t n) {
+    if (n < 0 || pos_ + sizeof(float) * n > s_.size()) return false;
+    out->resize(n);
+    std::memcpy(out->data(), s_.data() + pos_, sizeof(float) * n);
+    pos_ += sizeof(float) * n;
+    return true;
+  }
+
+ private:
+  const std::string& s_;
+  size_t pos_ = 0;
+};
+
 /// Serialises a rank's tensors (role, then name/values pairs).
-std::string Pack(const RankTensors& t) {
+std::string PackTensors(const RankTensors& t) {
   std::string s;
   Put(&s, static_cast<int64_t>(t.role.size()));
   s += t.role;
@@ -92,81 +212,96 @@ std::string Pack(const RankTensors& t) {
   return s;
 }
 
-/// Reads back what Pack wrote; an error on truncated input.
-Result<RankTensors> Unpack(const std::string& s, int rank) {
+/// Reads back what PackTensors wrote; an error on truncated input.
+Result<RankTensors> UnpackTensors(const std::string& s, int rank) {
   RankTensors t;
   t.rank = rank;
-  size_t pos = 0;
-  auto get = [&](void* out, size_t n) -> bool {
-    if (pos + n > s.size()) return false;
-    std::memcpy(out, s.data() + pos, n);
-    pos += n;
-    return true;
-  };
-  auto get_string = [&](std::string* out) -> bool {
-    int64_t n = 0;
-    if (!get(&n, sizeof n) || n < 0 || pos + n > s.size()) return false;
-    out->assign(s.data() + pos, n);
-    pos += n;
-    return true;
-  };
+  Reader in(s);
+  const Status truncated = Status::Error("truncated tensors from rank " + std::to_string(rank));
   int64_t count = 0;
-  if (!get_string(&t.role) || !get(&count, sizeof count))
-    return Status::Error("truncated tensors from rank " + std::to_string(rank));
+  if (!in.GetString(&t.role) || !in.Get(&count)) return truncated;
   for (int64_t i = 0; i < count; ++i) {
     std::string name;
     int64_t n = 0;
-    if (!get_string(&name) || !get(&n, sizeof n) || n < 0)
-      return Status::Error("truncated tensors from rank " + std::to_string(rank));
-    std::vector<float> v(n);
-    if (!get(v.data(), sizeof(float) * n))
-      return Status::Error("truncated tensors from rank " + std::to_string(rank));
+    std::vector<float> v;
+    if (!in.GetString(&name) || !in.Get(&n) || !in.GetFloats(&v, n)) return truncated;
     t.values.emplace(std::move(name), std::move(v));
   }
   return t;
 }
 
-/// The layouts of the decoder frontend's fused tensors for `m`.
-std::vector<SegmentedLayout> Layouts(const ModelConfig& m) {
-  const int64_t d = m.hidden / m.heads;
-  return {FusedQkvLayout(m.hidden, int64_t{m.kv_heads} * d)};
+/// Serialises one rank's records of every measured iteration.
+std::string PackRecords(const std::vector<std::vector<OpRecord>>& per_iteration) {
+  std::string s;
+  Put(&s, static_cast<int64_t>(per_iteration.size()));
+  for (const auto& records : per_iteration) {
+    Put(&s, static_cast<int64_t>(records.size()));
+    for (const OpRecord& r : records) Put(&s, r);
+  }
+  return s;
 }
 
-/// On rank 0: gathers every rank's tensors, runs the unsharded reference in
-/// this process and compares. Other ranks send their tensors and return Ok.
-Result<std::string> Check(MpiCommunicator& comm, const Flags& flags, const ModelConfig& model,
-                          const ScheduledProgram& sp, const CostModel& cost,
-                          const RunOptions& options, RankTensors mine) {
+/// Reads back what PackRecords wrote.
+Result<std::vector<std::vector<OpRecord>>> UnpackRecords(const std::string& s, int rank) {
+  Reader in(s);
+  const Status truncated = Status::Error("truncated records from rank " + std::to_string(rank));
+  int64_t iterations = 0;
+  if (!in.Get(&iterations) || iterations < 0) return truncated;
+  std::vector<std::vector<OpRecord>> out(iterations);
+  for (auto& records : out) {
+    int64_t n = 0;
+    if (!in.Get(&n) || n < 0) return truncated;
+    records.resize(n);
+    for (OpRecord& r : records)
+      if (!in.Get(&r)) return truncated;
+  }
+  return out;
+}
+
+/// Rank 0 prepares the job and sends it to every rank ('E' + message on
+/// failure, so that every rank stops); the others receive it.
+Result<ScheduledProgram> ShareJob(MpiCommunicator& comm, const Flags& flags) {
   if (comm.rank() != 0) {
-    CONCERTO_RETURN_IF_ERROR(comm.SendBytes(Pack(mine), 0, kTensorsTag));
-    return std::string();
-  }
-  RunResult run;
-  run.ranks.resize(comm.size());
-  run.ranks[0] = std::move(mine);
-  for (int r = 1; r < comm.size(); ++r) {
-    Result<std::string> bytes = comm.RecvBytes(r, kTensorsTag);
+    Result<std::string> bytes = comm.RecvBytes(0, kJobTag);
     if (!bytes.ok()) return bytes.status();
-    Result<RankTensors> t = Unpack(*bytes, r);
-    if (!t.ok()) return t.status();
-    run.ranks[r] = std::move(t).value();
+    if (bytes->empty() || (*bytes)[0] == 'E') return Status::Error("rank 0 could not prepare the job");
+    return UnpackScheduledProgram(bytes->substr(1), "job from rank 0");
   }
-  Result<ParallelPlan> plan = ParsePlan(flags.plan);
-  if (!plan.ok()) return plan.status();
-  ModelConfig ref_model = model;
-  ref_model.batch = model.batch * plan->dp;
-  ParallelPlan ref_plan;
-  ref_plan.microbatches = plan->microbatches;
-  Result<Program> ref_program = LowerTransformer(ref_model, ref_plan);
-  if (!ref_program.ok()) return Status::Error("reference: " + ref_program.status().message());
-  Result<ScheduledProgram> ref_sp = RunBaseline("fifo", *ref_program, cost);
-  if (!ref_sp.ok()) return Status::Error("reference: " + ref_sp.status().message());
-  Result<RunResult> ref_run = RunInProcess(*ref_sp, options);
-  if (!ref_run.ok()) return Status::Error("reference run: " + ref_run.status().message());
-  Result<ReferenceReport> report =
-      CompareToReference(*ref_sp, *ref_run, sp, run, Tolerance{}, options.init.layouts);
-  if (!report.ok()) return report.status();
-  return report->Summary();
+  Result<ScheduledProgram> sp = PrepareJob(flags.job, [](const std::string& line) {
+    std::fprintf(stderr, "concerto_mpi_run: %s\n", line.c_str());
+  });
+  const std::string message = sp.ok() ? "P" + PackScheduledProgram(*sp) : std::string("E");
+  for (int r = 1; r < comm.size(); ++r) CONCERTO_RETURN_IF_ERROR(comm.SendBytes(message, r, kJobTag));
+  return sp;
+}
+
+/// Writes `text` to `path`.
+Status WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  if (!out) return Status::Error(path + ": cannot open for writing");
+  out << text;
+  if (!out) return Status::Error(path + ": write failed");
+  return Status::Ok();
+}
+
+/// --profile-comm: times collectives over MPI; rank 0 writes the samples.
+Status ProfileCommMode(MpiCommunicator& comm, const Flags& flags) {
+  std::vector<CollectiveSpec> specs = DefaultCollectiveSpecs(comm.size(), flags.profile_max_bytes);
+  if (!flags.profile_specs.empty()) {
+    Result<std::vector<CollectiveSpec>> parsed = ParseCollectiveSpecs(flags.profile_specs);
+    if (!parsed.ok()) return parsed.status();
+    specs = *parsed;
+  }
+  std::vector<std::vector<int>> groups = CollectiveSpecGroups(specs, comm.size());
+  std::vector<int> world;
+  for (int r = 0; r < comm.size(); ++r) world.push_back(r);
+  if (std::find(groups.begin(), groups.end(), world) == groups.end()) groups.push_back(world);
+  std::sort(groups.begin(), groups.end());
+  CONCERTO_RETURN_IF_ERROR(comm.CreateGroups(groups));
+  Result<std::vector<CollectiveSample>> samples = ProfileCollectives(comm, specs, flags.profile_reps);
+  if (!samples.ok()) return samples.status();
+  if (comm.rank() != 0) return Status::Ok();
+  return WriteFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size()));
 }
 
 /// The whole tool; returns the process exit code.
@@ -183,41 +318,105 @@ int Main(int argc, char** argv) {
     return 1;
   };
   Result<Flags> flags = ParseFlags(argc, argv);
-  if (!flags.ok()) return fail(flags.status().message());
-  Result<Program> program = LowerModelPlan(flags->model, flags->plan);
-  if (!program.ok()) return fail(program.status().message());
-  if (program->mesh.NumRanks() != comm.size())
-    return fail("the plan '" + flags->plan + "' needs " + std::to_string(program->mesh.NumRanks()) +
-                " ranks, mpirun started " + std::to_string(comm.size()));
-  Result<ClusterSpec> cluster = LoadCluster("a800-4x8");
-  if (!cluster.ok()) return fail(cluster.status().message());
-  const AnalyticCostModel cost(*cluster);
-  Result<ScheduledProgram> sp = RunBaseline(flags->scheduler, *program, cost);
-  if (!sp.ok()) return fail(sp.status().message());
-  if (Status st = CheckRunnable(*sp); !st.ok()) return fail(st.message());
-
-  RunOptions options;
-  options.timeout_s = flags->timeout_s;
-  Result<ModelConfig> model = ModelPreset(flags->model);
-  if (model.ok()) options.init.layouts = Layouts(*model);
-  if (flags->check && !model.ok())
-    return fail("--check needs a decoder preset (" + model.status().message() + ")");
-
-  if (Status st = comm.CreateGroups(CollectAllGroups(*program)); !st.ok()) return fail(st.message());
-  Result<RankRun> run = RunRank(*sp, comm, options);
-  if (!run.ok()) return fail(run.status().message());
-  if (!flags->check) {
-    if (rank == 0)
-      std::printf("mpi run done: %s %s %s on %d ranks\n", flags->model.c_str(), flags->plan.c_str(),
-                  flags->scheduler.c_str(), comm.size());
-    return 0;
+  if (!flags.ok()) return rank == 0 ? fail(flags.status().message()) : 1;
+  if (!flags->profile_comm.empty()) {
+    Status st = ProfileCommMode(comm, *flags);
+    return st.ok() ? 0 : fail(st.message());
   }
-  Result<std::string> summary =
-      Check(comm, *flags, *model, *sp, cost, options, std::move(run->tensors));
-  if (!summary.ok()) return fail("mpi check failed: " + summary.status().message());
-  if (rank == 0)
-    std::printf("mpi check passed: %s %s %s on %d ranks: %s\n", flags->model.c_str(),
-                flags->plan.c_str(), flags->scheduler.c_str(), comm.size(), summary->c_str());
+  Result<ScheduledProgram> sp = ShareJob(comm, *flags);
+  if (!sp.ok()) return rank == 0 ? fail(sp.status().message()) : 1;
+  if (sp->program.mesh.NumRanks() != comm.size())
+    return fail("the program needs " + std::to_string(sp->program.mesh.NumRanks()) + " ranks, mpirun started " +
+                std::to_string(comm.size()));
+
+  Result<RunOptions> options_or = JobRunOptions(flags->job.model);
+  if (!options_or.ok()) return fail(options_or.status().message());
+  RunOptions options = *options_or;
+  options.timeout_s = flags->timeout_s;
+  options.fail_op = flags->fail_op;
+  options.fail_rank = flags->fail_rank;
+  if (!flags->kill_op.empty()) {
+    // The process ends abruptly (SIGKILL, no MPI_Abort, no clean-up): what a
+    // crashed or OOM-killed rank looks like to mpirun and the other ranks.
+    options.before_op = [kill_op = flags->kill_op, kill_rank = flags->kill_rank](int r, int op_index, const Op& op) {
+      if (r != kill_rank || op.name != kill_op) return;
+      std::fprintf(stderr, "concerto_mpi_run: rank %d: killed at op %d '%s' (--kill-op fault injection)\n", r,
+                   op_index, op.name.c_str());
+      std::fflush(stderr);
+      raise(SIGKILL);
+    };
+  }
+
+  if (Status st = comm.CreateGroups(CollectAllGroups(sp->program)); !st.ok()) return fail(st.message());
+  std::vector<std::vector<OpRecord>> measured;  // this rank, per measured iteration
+  RankTensors last;
+  for (int i = 0; i < flags->warmup + flags->iterations; ++i) {
+    Result<RankRun> run = RunRank(*sp, comm, options);
+    if (!run.ok()) return fail(run.status().message());
+    if (i >= flags->warmup) measured.push_back(std::move(run->records));
+    last = std::move(run->tensors);
+  }
+
+  // Gather the records on rank 0.
+  if (rank != 0) {
+    if (Status st = comm.SendBytes(PackRecords(measured), 0, kRecordsTag); !st.ok()) return fail(st.message());
+  }
+  std::vector<std::vector<std::vector<OpRecord>>> records(flags->iterations,
+                                                          std::vector<std::vector<OpRecord>>(comm.size()));
+  if (rank == 0) {
+    for (int i = 0; i < flags->iterations; ++i) records[i][0] = measured[i];
+    for (int r = 1; r < comm.size(); ++r) {
+      Result<std::string> bytes = comm.RecvBytes(r, kRecordsTag);
+      if (!bytes.ok()) return fail(bytes.status().message());
+      Result<std::vector<std::vector<OpRecord>>> theirs = UnpackRecords(*bytes, r);
+      if (!theirs.ok()) return fail(theirs.status().message());
+      if (static_cast<int>(theirs->size()) != flags->iterations)
+        return fail("rank " + std::to_string(r) + " sent " + std::to_string(theirs->size()) + " iterations");
+      for (int i = 0; i < flags->iterations; ++i) records[i][r] = std::move((*theirs)[i]);
+    }
+  }
+
+  std::string check_summary;
+  if (flags->check) {
+    if (rank != 0) {
+      if (Status st = comm.SendBytes(PackTensors(last), 0, kTensorsTag); !st.ok()) return fail(st.message());
+    } else {
+      RunResult run;
+      run.ranks.resize(comm.size());
+      run.ranks[0] = std::move(last);
+      for (int r = 1; r < comm.size(); ++r) {
+        Result<std::string> bytes = comm.RecvBytes(r, kTensorsTag);
+        if (!bytes.ok()) return fail(bytes.status().message());
+        Result<RankTensors> t = UnpackTensors(*bytes, r);
+        if (!t.ok()) return fail(t.status().message());
+        run.ranks[r] = std::move(t).value();
+      }
+      Result<std::string> summary = CheckAgainstReference(flags->job.model, flags->job.plan, *sp, run, options);
+      if (!summary.ok()) return fail("mpi check failed: " + summary.status().message());
+      check_summary = *summary;
+    }
+  }
+  if (rank != 0) return 0;
+
+  Result<MeasuredJob> job = SummarizeMeasuredJob(sp->program, records, flags->warmup);
+  if (!job.ok()) return fail(job.status().message());
+  job->check = check_summary;
+  Result<std::unique_ptr<CostModel>> cost = MakeJobCostModel(flags->job.cluster, flags->job.profile);
+  if (!cost.ok()) return fail(cost.status().message());
+  if (!flags->trace.empty()) {
+    if (Status st = WriteFile(flags->trace, ChromeTrace(*sp, job->timeline)); !st.ok()) return fail(st.message());
+    std::fprintf(stderr, "concerto_mpi_run: trace of the median iteration written to %s\n", flags->trace.c_str());
+  }
+  if (flags->json) {
+    nlohmann::json j = MeasuredJobJson(*sp, *job, **cost);
+    j["backend"] = "mpi";
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("%s", MeasuredJobText(*sp, *job, **cost).c_str());
+    if (flags->check)
+      std::printf("mpi check passed: %s on %d ranks: %s\n", sp->schedule.scheduler.c_str(), comm.size(),
+                  check_summary.c_str());
+  }
   return 0;
 }
 

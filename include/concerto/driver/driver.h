@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "concerto/cost/cost_model.h"
+#include "concerto/decompose/decompose.h"
 #include "concerto/driver/options.h"
 #include "concerto/report/report.h"
 #include "concerto/schedule/schedule.h"
@@ -29,6 +30,20 @@ std::vector<std::string> SchedulerNames();
 /// BaselineOptions filled from the option table.
 BaselineOptions ToBaselineOptions(const Options& options);
 
+/// DecomposeOptions filled from the option table.
+DecomposeOptions ToDecomposeOptions(const Options& options);
+/// The decomposition report as one JSON object.
+nlohmann::json DecomposeReportJson(const DecomposeReport& report);
+
+/// The decomposition pass as the driver runs it before the concerto
+/// scheduler: simulates the fifo schedule of `program` to find which
+/// activation collectives are exposed, decomposes those where the cost
+/// model says it pays (DecomposeCollectives), and keeps the result only when
+/// its own fifo schedule simulates faster; otherwise returns `program`
+/// unchanged with report->rejected set.
+Result<Program> DecomposeWherePays(const Program& program, const CostModel& cost, const Options& options,
+                                   DecomposeReport* report);
+
 /// ConcertoOptions filled from the option table.
 ConcertoOptions ToConcertoOptions(const Options& options);
 
@@ -37,7 +52,8 @@ struct RunResult {
   ScheduledProgram scheduled;
   Timeline timeline;
   Summary summary;
-  std::optional<ConcertoReport> concerto;  // set for the concerto scheduler
+  std::optional<ConcertoReport> concerto;    // set for the concerto scheduler
+  std::optional<DecomposeReport> decompose;  // set for the concerto scheduler
 };
 
 /// Schedules with `scheduler`, checks the schedule with the independent

@@ -50,6 +50,14 @@ enum class ComputeType {
   kConcat,          // (x...) -> concat on attrs.axis
   kCast,            // (x) -> x in the output's dtype
   kIdentity,        // (x) -> x (e.g. a fused collective's split, a marker)
+  // Mixture of experts (docs/ir.md 1.6): routing, dispatch and combine.
+  kTopK,            // (probs [..., E]) -> (gates [..., k], ids [..., k]); attrs k, normalize
+  kTopKGrad,        // (dgates, ids, probs) -> dprobs [..., E]; attrs normalize
+  kMoeDispatch,     // (x [G, n, h], ids [G, n, k]) -> buffers [E, G*C, h] (capacity C per group)
+  kMoeDispatchGrad, // (dbuffers [E, G*C, h], ids) -> dx [G, n, h]
+  kMoeCombine,      // (y [E, G*C, h], ids, gates [G, n, k]) -> out [G, n, h]
+  kMoeCombineGrad,  // (dout, y, ids, gates) -> (dy [E, G*C, h], dgates)
+  kTranspose,       // (x) -> x with dims attrs.axis0 and attrs.axis1 swapped
 };
 
 int DTypeBytes(DType dtype);

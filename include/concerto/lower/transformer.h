@@ -1,7 +1,8 @@
-// Dense decoder transformers (GPT and LLaMA style) lowered to the IR under a
-// ParallelPlan: data parallelism (plain or ZeRO 1/2/3), Megatron tensor
-// parallelism, sequence parallelism, gradient accumulation over micro-batches
-// and pipeline parallelism (1F1B). One SPMD graph, or one graph per pipeline
+// Decoder transformers (GPT and LLaMA style, dense or LLaMA blocks with a
+// mixture of experts) lowered to the IR under a ParallelPlan: data
+// parallelism (plain or ZeRO 1/2/3), Megatron tensor parallelism, sequence
+// parallelism, gradient accumulation over micro-batches, pipeline
+// parallelism (1F1B) and expert parallelism. One SPMD graph, or one graph per pipeline
 // stage, with real local shapes, sharding specs, flops, bytes, collectives
 // and sends/recvs. The op list, the collective placement and the conventions
 // are in docs/workloads.md and docs/frontends.md.
@@ -42,7 +43,22 @@ struct ModelConfig {
   int batch = 0;       // B: sequences per data-parallel rank per micro-batch
                        // (a step runs plan.microbatches of them)
   DType dtype = DType::kBF16;
+  // Mixture of experts (llama family only; docs/frontends.md "MoE / ep"):
+  // every block's MLP is replaced by `experts` SwiGLU experts of width
+  // ffn_hidden behind a top-`top_k` router. 0 experts: a dense model.
+  int experts = 0;             // E
+  int top_k = 0;               // experts per token (1..E)
+  double capacity_factor = 0;  // slots per expert and sequence: MoeCapacity
 };
+
+/// Whether `model` is a mixture-of-experts decoder (experts > 0).
+bool IsMoe(const ModelConfig& model);
+
+/// Expert capacity C, the slots each expert has per sequence (GShard's
+/// group = one sequence): ceil(capacity_factor * seq * top_k / experts).
+/// Routing choices beyond C are dropped in token order (docs/ir.md,
+/// moe_dispatch). 0 for a dense model.
+int64_t MoeCapacity(const ModelConfig& model);
 
 /// Names accepted by ModelPreset, GPT family first, smallest first in each
 /// family ("gpt-tiny" and "llama-tiny" are for tests).
@@ -53,7 +69,9 @@ Result<ModelConfig> ModelPreset(const std::string& name);
 /// Parses a model spec (YAML, or JSON, which YAML reads too): a map with
 /// family, layers, hidden, heads, seq, vocab (required), kv_heads (default
 /// heads), ffn_hidden (default 4*hidden for gpt; required for llama), batch
-/// (default 1), dtype (default bf16), name (default `default_name`).
+/// (default 1), dtype (default bf16), name (default `default_name`), and for
+/// a mixture of experts experts (>= 1), top_k (default 2, or 1 with one
+/// expert) and capacity_factor (> 0, default 1.0).
 /// `source` names the file in errors, which also name the field.
 Result<ModelConfig> ParseModelSpec(const std::string& text, const std::string& source,
                                    const std::string& default_name);
@@ -64,14 +82,17 @@ Result<ModelConfig> LoadModelFile(const std::string& path);
 Result<ModelConfig> LoadModel(const std::string& name_or_path);
 
 /// Ok when every size is positive, heads divides hidden and kv_heads divides
-/// heads; otherwise the first broken constraint, named.
+/// heads, and for a mixture of experts: family llama, 1 <= top_k <= experts
+/// and a finite capacity_factor > 0; otherwise the first broken constraint,
+/// named.
 Status ValidateModel(const ModelConfig& model);
 
 /// Trainable parameters of the whole model (docs/workloads.md has the formula
 /// per family): per layer attention 2h^2 + 2h*kv_heads*d, MLP 2h*f (gpt) or
 /// 3h*f (llama), norms 4h (gpt) or 2h (llama); plus V*h word embedding, and
 /// for gpt s*h positions + 2h final LayerNorm, for llama h final RMSNorm +
-/// V*h untied head.
+/// V*h untied head. A mixture of experts has E*3h*f expert weights and an
+/// h*E router per layer instead of the 3h*f MLP.
 int64_t ModelParameterCount(const ModelConfig& model);
 
 /// One training step (forward and backward of plan.microbatches micro-batches
@@ -82,8 +103,12 @@ int64_t ModelParameterCount(const ModelConfig& model);
 /// coordinate i (contiguous) and layers [i*L/pp, (i+1)*L/pp); its forwards
 /// and backwards follow the 1F1B order and exchange activations and their
 /// gradients with the neighbouring stages by send/recv (docs/frontends.md).
-/// ValidateModel and ValidatePlan errors are returned as they are; ep > 1
-/// and dap are "not implemented yet in this frontend" errors.
+/// With ep > 1 (a mixture of experts) the mesh splits the data-parallel
+/// ranks into {dp: dp/ep, ep: ep} ({pp,} dp, ep, tp): activations are
+/// sharded over both, experts over ep, and the MoE layer's dispatch and
+/// combine are all-to-alls over ep (docs/frontends.md, "MoE / ep").
+/// ValidateModel and ValidatePlan errors are returned as they are; dap is a
+/// "not implemented yet in this frontend" error.
 Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& plan);
 
 }  // namespace concerto

@@ -2,6 +2,7 @@
 // exposed communication, overlap, critical path, and a Chrome trace.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,10 @@ struct Summary {
 
 /// Figures of one simulated (or measured) run.
 Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const CostModel& cost);
+/// Exposed time (running while its rank computes nothing) of every
+/// communication op, per graph name and op id, the largest over the
+/// simulated ranks that run the graph.
+std::map<std::string, std::map<int, double>> ExposedCommByOp(const ScheduledProgram& sp, const Timeline& timeline);
 /// One JSON object (fields with units) for --json.
 nlohmann::json SummaryJson(const Summary& summary);
 /// Chrome trace event JSON: one process per rank, one thread per stream.

@@ -6,6 +6,7 @@
 // Chrome trace) works on measured runs. docs/runtime.md.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -28,6 +29,10 @@ struct RunOptions {
   /// fails ("injected failure") instead of running.
   std::string fail_op;
   int fail_rank = -1;
+  /// Called by a stream thread just before op `op_index` of `rank` runs
+  /// (after its waits). Tools use it for fault injection that must not be
+  /// a clean error, e.g. concerto_mpi_run --kill-op ends the process here.
+  std::function<void(int rank, int op_index, const Op& op)> before_op;
 };
 
 /// One rank's tensors after the step (fp32, by tensor name).
@@ -47,13 +52,19 @@ struct RankRun {
 };
 
 /// A whole run: the measured timeline of every rank and every rank's tensors.
-struct RunResult {
+/// Named ExecutionResult so that its symbols never collide with the
+/// driver's RunResult (driver/driver.h) in a binary that links both (the
+/// `concerto` CLI); runtime code may keep calling it RunResult (an alias
+/// mangles as ExecutionResult). The two headers still cannot be included in
+/// one translation unit.
+struct ExecutionResult {
   Timeline timeline;
   std::vector<RankTensors> ranks;  // indexed by rank
 
   /// The tensors of `rank` (asserts it was run).
   const RankTensors& Rank(int rank) const;
 };
+using RunResult = ExecutionResult;
 
 /// Everything that must hold before a run starts: the program verifies,
 /// the schedule verifies against it (VerifySchedule), and every compute op

@@ -21,8 +21,11 @@ struct ConcertoOptions {
   std::string solver = "gecode";
   int block_ops = 125;               // b: ops per block; a window is two blocks
   int rounds = 4;                    // R: each round is an odd and an even pass
-  double window_time_limit_s = 1.0;  // per window solve
-  double time_budget_s = 60;         // all rounds together
+  /// Per window solve: a deterministic work limit (Gecode failed nodes, CBC
+  /// nodes) and a wall-clock safety net, reported when it fires.
+  int64_t window_fail_limit = 50;
+  double window_time_limit_s = 10.0;
+  double time_budget_s = 600;        // all rounds together (wall-clock safety net)
   bool fuse = true;                  // the fusion pass after decoding
   int64_t memory_budget_bytes = 0;   // peak memory per rank to stay under; 0: none
   SimOptions sim;                    // how candidates are simulated
@@ -35,6 +38,8 @@ struct WindowReport {
   int first_block = 0;
   int tasks = 0;        // ops in the window (plus fixed blockers)
   SolveStatus status = SolveStatus::kNoSolution;
+  bool hit_time_limit = false;  // stopped by the wall clock (not deterministic)
+  bool memory = false;          // the window carried the memory budget
   double objective_us = 0;
   double bound_us = 0;
   double gap = 0;
@@ -53,6 +58,8 @@ struct ConcertoReport {
   int windows_optimal = 0;
   int windows_feasible = 0;       // feasible at the time limit
   int windows_unsolved = 0;       // no answer in time (the window kept its order)
+  int windows_hit_time_limit = 0; // stopped by the wall-clock safety net
+  int passes_over_memory = 0;     // decoded passes over the budget, undone
   int fused_collectives = 0;      // collectives merged by the fusion pass
   double fusion_gain_us = 0;
   double seconds = 0;
@@ -60,6 +67,7 @@ struct ConcertoReport {
   bool hit_time_budget = false;
   int64_t memory_budget_bytes = 0;
   int64_t peak_memory_bytes = 0;  // of the returned schedule
+  int64_t incumbent_peak_memory_bytes = 0;
   std::vector<double> makespan_after_round_us;
   std::vector<WindowReport> windows;
 };

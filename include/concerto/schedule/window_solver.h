@@ -19,7 +19,19 @@ struct WindowTask {
   int64_t release = 0;     // earliest start
   int64_t deadline = 0;    // latest finish (start + duration <= deadline)
   bool is_comm = false;    // decoding tie-break: communication first
-  int64_t memory_bytes = 0;  // reserved for the memory-budget extension
+};
+
+/// A buffer held in memory over [allocation, release): allocated when its
+/// producer task starts (or at the fixed `start` when `producer` is -1) and
+/// released when the last of its consumer tasks ends, never before `end`
+/// (consumers outside the window) nor before its allocation. Sizes are in
+/// the caller's memory units.
+struct WindowBuffer {
+  int64_t units = 0;
+  int producer = -1;
+  int64_t start = 0;           // allocation time when producer is -1
+  std::vector<int> consumers;  // tasks whose latest end releases it
+  int64_t end = 0;             // released no earlier than this
 };
 
 struct WindowProblem {
@@ -28,6 +40,10 @@ struct WindowProblem {
   int num_resources = 0;
   /// A known feasible start time per task (the incumbent), or empty.
   std::vector<int64_t> hint;
+  /// Memory: the buffers' total size at any time must stay <= capacity (a
+  /// cumulative resource). capacity < 0: no memory constraint.
+  std::vector<WindowBuffer> buffers;
+  int64_t memory_capacity = -1;
 };
 
 enum class SolveStatus { kOptimal, kFeasible, kInfeasible, kNoSolution };
@@ -44,10 +60,16 @@ struct WindowSolution {
   double gap = 0;              // (objective - bound) / objective
   double seconds = 0;
   int64_t nodes = 0;           // search nodes explored
+  /// The search stopped on the wall-clock limit (the safety net), not on its
+  /// deterministic work limit: the answer may depend on machine load.
+  bool hit_time_limit = false;
 };
 
 struct SolverOptions {
-  double time_limit_s = 10;
+  double time_limit_s = 10;  // wall-clock safety net
+  /// Deterministic work limit: Gecode stops after this many failed nodes,
+  /// CBC after this many branch-and-bound nodes. 0: no work limit.
+  int64_t fail_limit = 0;
   uint64_t seed = 1;
 };
 
@@ -67,8 +89,17 @@ std::vector<std::string> WindowSolverNames();
 /// precedence or resource overlap, one line each; also a wrong objective.
 std::vector<std::string> VerifyWindowSolution(const WindowProblem& problem, const WindowSolution& solution);
 
+/// The largest total size of buffers held at one time under `start` (0
+/// without buffers), with the time it first occurs. Releases come before
+/// allocations at equal times.
+struct WindowMemoryPeak {
+  int64_t units = 0;
+  int64_t time = 0;
+};
+WindowMemoryPeak PeakWindowMemory(const WindowProblem& problem, const std::vector<int64_t>& start);
+
 /// Checks a problem before solving: sizes, indices, non-negative durations,
-/// release + duration <= deadline for every task.
+/// release + duration <= deadline for every task, buffer fields.
 Status ValidateWindowProblem(const WindowProblem& problem);
 
 /// A lower bound on the objective of every feasible answer, independent of
@@ -78,6 +109,10 @@ Status ValidateWindowProblem(const WindowProblem& problem);
 /// Includes the per-resource load bound (min release + total duration).
 /// Requires a valid problem.
 int64_t WindowLowerBound(const WindowProblem& problem);
+
+/// LeftShiftStarts when the result stays within the memory capacity, else
+/// `start` unchanged (moving a producer earlier lengthens its buffer).
+std::vector<int64_t> LeftShiftWithinMemory(const WindowProblem& problem, const std::vector<int64_t>& start);
 
 /// The left-shifted schedule of `start`: tasks are taken in order of start
 /// (ties in precedence order) and each starts as early as its release, its
@@ -110,6 +145,7 @@ struct WindowSearchOutcome {
   bool exhausted = false;      // the search proved there is nothing better
   int64_t bound = 0;           // the search's own lower bound (0 when none)
   int64_t nodes = 0;
+  bool hit_time_limit = false; // stopped by the wall clock, not the work limit
 };
 
 /// Turns a search outcome into the answer: keeps the better of the found

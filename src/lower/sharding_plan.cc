@@ -1,0 +1,270 @@
+// Sharding files: parsing and checks, and lowering a decoder model
+// unsharded with the plan's global batch before partitioning it
+// (src/lower/partitioner.cc). Syntax: docs/frontends.md.
+#include "concerto/lower/sharding_plan.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "concerto/lower/plan.h"
+#include "concerto/lower/transformer.h"
+
+namespace concerto {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+/// "3:17": 1-based line and column of byte `offset` (0-based) in `text`.
+std::string LineColumn(const std::string& text, size_t offset) {
+  offset = std::min(offset, text.size());
+  size_t line = 1, line_start = 0;
+  for (size_t i = 0; i < offset; ++i)
+    if (text[i] == '\n') {
+      ++line;
+      line_start = i + 1;
+    }
+  return std::to_string(line) + ":" + std::to_string(offset - line_start + 1);
+}
+
+/// nlohmann's message without its "[json.exception...] parse error at ..: " prefix.
+std::string JsonErrorText(const std::string& what) {
+  size_t at = what.find("column ");
+  if (at != std::string::npos) {
+    size_t colon = what.find(": ", at);
+    if (colon != std::string::npos) return what.substr(colon + 2);
+  }
+  size_t bracket = what.find("] ");
+  return bracket == std::string::npos ? what : what.substr(bracket + 2);
+}
+
+/// Reads one sharding file's JSON into a ShardingPlan.
+class ShardingParser {
+ public:
+  ShardingParser(const ojson& root, const std::string& source) : root_(root), source_(source) {}
+
+  Result<ShardingPlan> Parse() {
+    if (!root_.is_object()) return Fail("the file must hold one JSON object");
+    plan_.source = source_;
+    for (const auto& [key, value] : root_.items()) {
+      if (key != "mesh" && key != "default" && key != "tensors" && key != "global_batch" &&
+          key != "description")
+        return Fail("field '" + key +
+                    "': unknown field (known: mesh, default, tensors, global_batch, description)");
+    }
+    if (!root_.contains("mesh")) return Fail("field 'mesh': missing required field");
+    CONCERTO_RETURN_IF_ERROR(ParseMesh(root_["mesh"]));
+    if (root_.contains("default")) {
+      const ojson& d = root_["default"];
+      if (!d.is_string() || d.get<std::string>() != "replicated")
+        return Fail("field 'default': only \"replicated\" is supported, got " + d.dump());
+    }
+    if (root_.contains("global_batch")) {
+      const ojson& b = root_["global_batch"];
+      if (!b.is_number_integer() || b.get<int64_t>() < 1)
+        return Fail("field 'global_batch': must be a positive integer, got " + b.dump());
+      plan_.global_batch = b.get<int64_t>();
+    }
+    if (root_.contains("tensors")) {
+      const ojson& t = root_["tensors"];
+      if (!t.is_object()) return Fail("field 'tensors': expected an object of pattern -> sharding");
+      for (const auto& [pattern, spec] : t.items()) {
+        Result<ShardingRule> rule = ParseRule(pattern, spec);
+        if (!rule.ok()) return rule.status();
+        plan_.rules.push_back(std::move(rule).value());
+      }
+    }
+    return plan_;
+  }
+
+ private:
+  Status Fail(const std::string& what) const { return Status::Error(source_ + ": " + what); }
+
+  Status ParseMesh(const ojson& mesh) {
+    if (!mesh.is_object() || mesh.empty())
+      return Fail("field 'mesh': expected a non-empty object of axis -> size, e.g. {\"dp\": 2, \"tp\": 4}");
+    int64_t ranks = 1;
+    for (const auto& [name, size] : mesh.items()) {
+      if (name.empty()) return Fail("mesh: an axis name is empty");
+      if (!size.is_number_integer() || size.get<int64_t>() < 1)
+        return Fail("mesh: axis '" + name + "': size must be an integer >= 1, got " + size.dump());
+      ranks *= size.get<int64_t>();
+      if (ranks > (int64_t{1} << 20)) return Fail("mesh: more than 2^20 ranks");
+      plan_.mesh.axes.push_back({name, static_cast<int>(size.get<int64_t>())});
+    }
+    return Status::Ok();
+  }
+
+  /// One axis name of `where`, which must be a mesh axis.
+  Result<std::string> Axis(const ojson& v, const std::string& where) const {
+    if (!v.is_string()) return Fail(where + ": expected a mesh axis name, got " + v.dump());
+    const std::string a = v.get<std::string>();
+    if (plan_.mesh.AxisIndex(a) < 0) {
+      std::string known;
+      for (const MeshAxis& m : plan_.mesh.axes) known += (known.empty() ? "" : ", ") + m.name;
+      return Fail(where + ": unknown mesh axis '" + a + "' (mesh axes: " + known + ")");
+    }
+    return a;
+  }
+
+  /// A list of axes: "a", ["a", "b"], [] or null.
+  Result<std::vector<std::string>> AxisList(const ojson& v, const std::string& where) const {
+    std::vector<std::string> axes;
+    if (v.is_null()) return axes;
+    if (v.is_string()) {
+      Result<std::string> a = Axis(v, where);
+      if (!a.ok()) return a.status();
+      axes.push_back(*a);
+      return axes;
+    }
+    if (!v.is_array()) return Fail(where + ": expected an axis, a list of axes or [], got " + v.dump());
+    for (const ojson& e : v) {
+      Result<std::string> a = Axis(e, where);
+      if (!a.ok()) return a.status();
+      axes.push_back(*a);
+    }
+    return axes;
+  }
+
+  Result<DimSharding> ParseDim(const ojson& v, const std::string& where) const {
+    DimSharding dim;
+    if (!v.is_object()) {
+      Result<std::vector<std::string>> axes = AxisList(v, where);
+      if (!axes.ok()) return axes.status();
+      dim.axes = *axes;
+      return dim;
+    }
+    for (const auto& [key, value] : v.items()) {
+      if (key == "axes") {
+        Result<std::vector<std::string>> axes = AxisList(value, where + ": field 'axes'");
+        if (!axes.ok()) return axes.status();
+        dim.axes = *axes;
+      } else if (key == "segments") {
+        if (!value.is_array() || value.empty())
+          return Fail(where + ": field 'segments': expected a non-empty list of sizes");
+        for (const ojson& s : value) {
+          if (!s.is_number_integer() || s.get<int64_t>() < 1)
+            return Fail(where + ": field 'segments': sizes must be integers >= 1, got " + s.dump());
+          dim.segments.push_back(s.get<int64_t>());
+        }
+      } else {
+        return Fail(where + ": field '" + key + "': unknown field (known: axes, segments)");
+      }
+    }
+    return dim;
+  }
+
+  Result<ShardingRule> ParseRule(const std::string& pattern, const ojson& spec) const {
+    ShardingRule rule;
+    rule.pattern = pattern;
+    const std::string where = "tensors: pattern '" + pattern + "'";
+    if (pattern.empty()) return Fail("tensors: an empty pattern");
+    if (spec.is_string()) {
+      if (spec.get<std::string>() != "replicated")
+        return Fail(where + ": expected \"replicated\" or one entry per dimension, got " + spec.dump());
+      rule.replicated = true;
+      return rule;
+    }
+    if (!spec.is_array())
+      return Fail(where + ": expected \"replicated\" or one entry per dimension, got " + spec.dump());
+    std::set<std::string> used;
+    for (size_t d = 0; d < spec.size(); ++d) {
+      Result<DimSharding> dim = ParseDim(spec[d], where + ": dim " + std::to_string(d));
+      if (!dim.ok()) return dim.status();
+      for (const std::string& a : dim->axes)
+        if (!used.insert(a).second)
+          return Fail(where + ": mesh axis '" + a + "' is used twice in one tensor (an axis shards at most one dimension, once)");
+      rule.dims.push_back(std::move(dim).value());
+    }
+    return rule;
+  }
+
+  const ojson& root_;
+  std::string source_;
+  ShardingPlan plan_;
+};
+
+/// Whether `name` matches glob `pattern` ('*' any run, '?' one character).
+bool GlobMatch(const std::string& pattern, const std::string& name) {
+  size_t p = 0, n = 0, star = std::string::npos, mark = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      mark = n;
+    } else if (star != std::string::npos) {
+      p = star + 1;
+      n = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
+}  // namespace
+
+// Exposed to the partitioner (same library, declared there).
+bool ShardingGlobMatch(const std::string& pattern, const std::string& name) {
+  return GlobMatch(pattern, name);
+}
+
+Result<ShardingPlan> ParseShardingPlan(const std::string& text, const std::string& source) {
+  ojson root;
+  try {
+    root = ojson::parse(text);
+  } catch (const ojson::parse_error& e) {
+    size_t offset = e.byte > 0 ? e.byte - 1 : 0;
+    return Status::Error(source + ":" + LineColumn(text, offset) + ": malformed JSON: " +
+                         JsonErrorText(e.what()));
+  }
+  return ShardingParser(root, source).Parse();
+}
+
+Result<ShardingPlan> LoadShardingPlan(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open the sharding file");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseShardingPlan(ss.str(), path);
+}
+
+Status CheckShardingWorld(const ShardingPlan& plan, int world_size) {
+  const int ranks = plan.mesh.NumRanks();
+  if (ranks == world_size) return Status::Ok();
+  std::string product;
+  for (const MeshAxis& a : plan.mesh.axes)
+    product += (product.empty() ? "" : " x ") + a.name + "=" + std::to_string(a.size);
+  return Status::Error(plan.source + ": field 'mesh': the axes multiply to " + std::to_string(ranks) +
+                       " ranks (" + product + ") but the world has " + std::to_string(world_size));
+}
+
+Result<Program> LowerModelSharding(const std::string& model, const ShardingPlan& plan,
+                                   PartitionReport* report) {
+  Result<ModelConfig> config = LoadModel(model);
+  if (!config.ok()) return config.status();
+  ModelConfig unsharded = *config;
+  if (plan.global_batch) {
+    unsharded.batch = static_cast<int>(*plan.global_batch);
+  } else {
+    // The model's batch is per data-parallel rank: scale it by the axes that shard the tokens' batch.
+    for (const ShardingRule& rule : plan.rules) {
+      if (!GlobMatch(rule.pattern, "tokens")) continue;
+      if (!rule.replicated && !rule.dims.empty())
+        for (const std::string& a : rule.dims[0].axes)
+          unsharded.batch *= plan.mesh.axes[plan.mesh.AxisIndex(a)].size;
+      break;
+    }
+  }
+  Result<Program> program = LowerTransformer(unsharded, ParallelPlan{});
+  if (!program.ok()) return program.status();
+  return PartitionProgram(*program, plan, report);
+}
+
+}  // namespace concerto

@@ -1,0 +1,550 @@
+// Profiling: kernels by signature, collectives by (type, group, bytes), and
+// the least-squares fits that turn them into a cpu-local cluster spec.
+#include "concerto/runtime/profile.h"
+
+#include <algorithm>
+#include <array>
+#include <cassert>
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cmath>
+#include <map>
+#include <set>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "concerto/ir/graph_index.h"
+#include "concerto/lower/transformer.h"
+#include "concerto/runtime/kernels.h"
+
+namespace concerto {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  assert(!v.empty());
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
+/// A deterministic fill in [0.01, 0.5) (positive, so Adam's second moment
+/// and norms stay finite); integer tensors get 0 (a valid id and label).
+void FillSynthetic(const Tensor& t, std::vector<float>* data) {
+  const bool integer = t.dtype == DType::kI32 || t.dtype == DType::kI64;
+  uint32_t state = 12345;
+  for (float& x : *data) {
+    state = state * 1664525u + 1013904223u;
+    x = integer ? 0.0f : 0.01f + 0.49f * static_cast<float>(state >> 8) / static_cast<float>(1u << 24);
+  }
+}
+
+/// Times one compute op with its own buffers.
+Result<KernelSample> TimeKernel(const Op& op, const Graph& graph, const GraphIndex& index, const Mesh& mesh,
+                                int rank, const KernelProfileOptions& options) {
+  std::vector<std::vector<float>> in_data, out_data;
+  std::vector<const Tensor*> in_meta, out_meta;
+  for (const std::string& t : op.inputs) in_meta.push_back(&graph.tensors[index.tensor.at(t)]);
+  for (const std::string& t : op.outputs) out_meta.push_back(&graph.tensors[index.tensor.at(t)]);
+  CONCERTO_RETURN_IF_ERROR(CheckKernel(op, in_meta, out_meta));
+  std::vector<KernelArg> in, out;
+  in_data.reserve(in_meta.size());
+  out_data.reserve(out_meta.size());
+  for (const Tensor* t : in_meta) {
+    in_data.emplace_back(t->NumElements());
+    FillSynthetic(*t, &in_data.back());
+    in.push_back({t, in_data.back().data()});
+  }
+  for (const Tensor* t : out_meta) {
+    out_data.emplace_back(t->NumElements(), 0.0f);
+    out.push_back({t, out_data.back().data()});
+  }
+  const KernelContext ctx{&mesh, rank};
+  CONCERTO_RETURN_IF_ERROR(RunKernel(op, in, out, ctx));  // warm-up
+  std::vector<double> times;
+  const auto start = Clock::now();
+  while (static_cast<int>(times.size()) < options.max_reps &&
+         (static_cast<int>(times.size()) < options.min_reps || SecondsSince(start) < options.min_time_s)) {
+    const auto t0 = Clock::now();
+    CONCERTO_RETURN_IF_ERROR(RunKernel(op, in, out, ctx));
+    times.push_back(SecondsSince(t0) * 1e6);
+  }
+  KernelSample s;
+  s.type = op.compute_type;
+  s.flops = op.flops;
+  s.bytes = op.bytes;
+  s.time_us = Median(times);
+  s.reps = static_cast<int>(times.size());
+  return s;
+}
+
+/// A one-rank program of matmuls [m,k] x [k,n] at the given sizes (f32).
+Program MatmulSweepProgram() {
+  Program p;
+  p.name = "profile-matmul-sweep";
+  p.mesh.axes = {{"dp", 1}};
+  Graph g;
+  g.name = "main";
+  const std::vector<std::array<int64_t, 3>> sizes = {
+      {64, 64, 64},     {128, 128, 128}, {256, 256, 256}, {512, 512, 512},  {768, 768, 768},
+      {1024, 1024, 1024}, {1024, 256, 1024}, {256, 1024, 256}, {2048, 512, 512}, {512, 2048, 2048}};
+  int id = 0;
+  for (const auto& [m, k, n] : sizes) {
+    const std::string tag = std::to_string(m) + "x" + std::to_string(k) + "x" + std::to_string(n);
+    auto tensor = [&](const std::string& name, int64_t r, int64_t c) {
+      Tensor t;
+      t.name = name + "." + tag;
+      t.shape = {r, c};
+      t.dtype = DType::kF32;
+      t.sharding = {{}, {}};
+      g.tensors.push_back(t);
+      return t.name;
+    };
+    Op op;
+    op.id = id++;
+    op.name = "matmul." + tag;
+    op.kind = OpKind::kCompute;
+    op.stream = "compute";
+    op.compute_type = ComputeType::kMatmul;
+    op.inputs = {tensor("a", m, k), tensor("b", k, n)};
+    op.outputs = {tensor("c", m, n)};
+    op.attrs = {{"transpose_a", 0}, {"transpose_b", 0}};
+    op.flops = 2.0 * m * k * n;
+    op.bytes = 4.0 * (m * k + k * n + m * n);
+    g.ops.push_back(op);
+  }
+  p.graphs.push_back(g);
+  p.roles.push_back(Role{"spmd", "main", {0}});
+  return p;
+}
+
+/// Ring steps and bandwidth factor of a collective over n ranks
+/// (docs/cost-model.md, "Ring").
+std::pair<double, double> RingFactors(CollectiveType type, int n) {
+  const double m = n - 1;
+  switch (type) {
+    case CollectiveType::kAllReduce: return {2 * m, 2 * m / n};
+    case CollectiveType::kReduceScatter:
+    case CollectiveType::kAllToAll: return {m, m / n};
+    case CollectiveType::kAllGather: return {m, m};
+    case CollectiveType::kBroadcast: return {m, 1};
+  }
+  return {m, 1};
+}
+
+/// Kernels whose time is set by the bytes they stream (a few flops per
+/// element): they fit the memory bandwidth. Transcendental (GELU, softmax),
+/// row-reduction and gather kernels are compute- or latency-bound on a CPU.
+bool IsStreamingKernel(ComputeType t) {
+  switch (t) {
+    case ComputeType::kAdd:
+    case ComputeType::kMul:
+    case ComputeType::kScale:
+    case ComputeType::kSlice:
+    case ComputeType::kConcat:
+    case ComputeType::kIdentity:
+    case ComputeType::kCast:
+    case ComputeType::kAdam: return true;
+    default: return false;
+  }
+}
+
+}  // namespace
+
+Result<std::vector<KernelSample>> ProfileKernels(const Program& program, const ClusterSpec& cluster,
+                                                 const KernelProfileOptions& options) {
+  std::vector<KernelSample> out;
+  std::set<std::string> seen;
+  for (const Role& role : program.roles) {
+    const Graph& g = program.GraphOf(role);
+    const GraphIndex index = GraphIndex::Build(g);
+    const int rank = role.ranks.empty() ? 0 : role.ranks.front();
+    const PriceContext ctx{g, index, program.mesh, rank};
+    for (const Op& op : g.ops) {
+      if (op.kind != OpKind::kCompute) continue;
+      const std::string sig = ProfileDb::Signature(op, ctx, cluster);
+      if (!seen.insert(sig).second) continue;
+      Result<KernelSample> s = TimeKernel(op, g, index, program.mesh, rank, options);
+      if (!s.ok()) return Status::Error("program '" + program.name + "': " + s.status().message());
+      s->signature = sig;
+      out.push_back(*s);
+    }
+  }
+  return out;
+}
+
+Result<std::vector<Program>> DefaultProfilePrograms() {
+  std::vector<Program> programs = {MatmulSweepProgram()};
+  for (const auto& [hidden, seq] : std::vector<std::pair<int, int>>{{256, 64}, {512, 128}}) {
+    ModelConfig m;
+    m.name = "profile-gpt-h" + std::to_string(hidden);
+    m.family = ModelFamily::kGpt;
+    m.layers = 1;
+    m.hidden = hidden;
+    m.heads = hidden / 64;
+    m.kv_heads = m.heads;
+    m.ffn_hidden = 4 * hidden;
+    m.seq = seq;
+    m.vocab = 1024;
+    m.batch = 2;
+    m.dtype = DType::kF32;
+    Result<Program> p = LowerTransformer(m, ParallelPlan{});
+    if (!p.ok()) return p.status();
+    programs.push_back(std::move(p).value());
+  }
+  return programs;
+}
+
+std::vector<CollectiveSpec> DefaultCollectiveSpecs(int world, int64_t max_bytes) {
+  std::vector<CollectiveSpec> specs;
+  if (world < 2) return specs;
+  for (CollectiveType type : {CollectiveType::kAllReduce, CollectiveType::kAllGather,
+                              CollectiveType::kReduceScatter, CollectiveType::kBroadcast,
+                              CollectiveType::kAllToAll})
+    for (int64_t bytes = 4096; bytes <= max_bytes; bytes *= 4) {
+      // reduce_scatter and all_to_all split the input in `world` blocks.
+      const int64_t unit = 4 * int64_t{world};
+      specs.push_back({type, world, (bytes + unit - 1) / unit * unit});
+    }
+  return specs;
+}
+
+std::vector<CollectiveSpec> ProgramCollectiveSpecs(const Program& program) {
+  std::set<std::tuple<int, int, int64_t>> seen;
+  std::vector<CollectiveSpec> specs;
+  for (const Role& role : program.roles) {
+    const Graph& g = program.GraphOf(role);
+    const GraphIndex index = GraphIndex::Build(g);
+    const int rank = role.ranks.empty() ? 0 : role.ranks.front();
+    for (const Op& op : g.ops) {
+      if (op.kind != OpKind::kCollective) continue;
+      const int n = static_cast<int>(GroupRanks(program.mesh, op.group, rank).size());
+      if (n < 2) continue;
+      // The runtime moves fp32 whatever the IR dtype: bytes of its input buffers.
+      int64_t bytes = 0;
+      for (const std::string& t : op.inputs) bytes += 4 * g.tensors[index.tensor.at(t)].NumElements();
+      if (seen.insert({static_cast<int>(op.collective), n, bytes}).second)
+        specs.push_back({op.collective, n, bytes});
+    }
+  }
+  return specs;
+}
+
+std::string FormatCollectiveSpecs(const std::vector<CollectiveSpec>& specs) {
+  std::string out;
+  for (const CollectiveSpec& s : specs) {
+    if (!out.empty()) out += ',';
+    out += std::string(ToString(s.type)) + ":" + std::to_string(s.group_size) + ":" + std::to_string(s.bytes);
+  }
+  return out;
+}
+
+Result<std::vector<CollectiveSpec>> ParseCollectiveSpecs(const std::string& text) {
+  std::vector<CollectiveSpec> specs;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t a = item.find(':'), b = item.rfind(':');
+    auto bad = [&](const std::string& why) {
+      return Status::Error("collective spec '" + item + "': " + why + " (expected TYPE:GROUP_SIZE:BYTES)");
+    };
+    if (a == std::string::npos || a == b) return bad("missing fields");
+    const std::optional<CollectiveType> type = ParseCollectiveType(item.substr(0, a));
+    if (!type) return bad("unknown collective type");
+    CollectiveSpec s;
+    s.type = *type;
+    try {
+      s.group_size = std::stoi(item.substr(a + 1, b - a - 1));
+      s.bytes = std::stoll(item.substr(b + 1));
+    } catch (const std::exception&) {
+      return bad("group size and bytes must be integers");
+    }
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+std::vector<std::vector<int>> CollectiveSpecGroups(const std::vector<CollectiveSpec>& specs, int world) {
+  std::set<std::vector<int>> groups;
+  for (const CollectiveSpec& s : specs) {
+    std::vector<int> g;
+    for (int r = 0; r < s.group_size && r < world; ++r) g.push_back(r);
+    groups.insert(g);
+  }
+  return {groups.begin(), groups.end()};
+}
+
+Result<std::vector<CollectiveSample>> ProfileCollectives(Communicator& comm,
+                                                         const std::vector<CollectiveSpec>& specs,
+                                                         int reps) {
+  std::vector<CollectiveSample> out;
+  for (const CollectiveSpec& s : specs) {
+    const std::string what = std::string(ToString(s.type)) + " of " + std::to_string(s.bytes) +
+                             " bytes on " + std::to_string(s.group_size) + " ranks";
+    if (s.group_size < 1 || s.group_size > comm.size())
+      return Status::Error(what + ": the world has " + std::to_string(comm.size()) + " ranks");
+    const int64_t unit = (s.type == CollectiveType::kReduceScatter || s.type == CollectiveType::kAllToAll)
+                             ? 4 * int64_t{s.group_size}
+                             : 4;
+    if (s.bytes <= 0 || s.bytes % unit != 0)
+      return Status::Error(what + ": bytes must be a positive multiple of " + std::to_string(unit));
+    if (comm.rank() >= s.group_size) continue;
+    std::vector<int> group;
+    for (int r = 0; r < s.group_size; ++r) group.push_back(r);
+    const int64_t n = s.group_size, count = s.bytes / 4;
+    std::vector<float> in(count, 1.0f), out_buf(s.type == CollectiveType::kAllGather ? n * count : count);
+    auto once = [&]() -> Status {
+      switch (s.type) {
+        case CollectiveType::kAllReduce: return comm.AllReduce(group, ReduceOp::kSum, in.data(), out_buf.data(), count);
+        case CollectiveType::kAllGather: return comm.AllGather(group, in.data(), out_buf.data(), count);
+        case CollectiveType::kReduceScatter:
+          return comm.ReduceScatter(group, ReduceOp::kSum, in.data(), out_buf.data(), count / n);
+        case CollectiveType::kAllToAll: return comm.AllToAll(group, in.data(), out_buf.data(), count / n);
+        case CollectiveType::kBroadcast: return comm.Broadcast(group, in.data(), out_buf.data(), count);
+      }
+      return Status::Error("unknown collective");
+    };
+    std::vector<double> times;
+    for (int k = 0; k <= reps; ++k) {  // k == 0: warm-up
+      float token = 0;
+      CONCERTO_RETURN_IF_ERROR(comm.AllReduce(group, ReduceOp::kSum, &token, &token, 1));
+      const auto t0 = Clock::now();
+      CONCERTO_RETURN_IF_ERROR(once());
+      float dt = static_cast<float>(SecondsSince(t0) * 1e6);
+      CONCERTO_RETURN_IF_ERROR(comm.AllReduce(group, ReduceOp::kMax, &dt, &dt, 1));
+      if (k > 0) times.push_back(dt);
+    }
+    out.push_back({s, Median(times), reps});
+  }
+  return out;
+}
+
+Result<std::vector<CollectiveSample>> ProfileCollectivesInProcess(int ranks, const std::vector<CollectiveSpec>& specs,
+                                                                  int reps) {
+  if (ranks < 1) return Status::Error("in-process collective profile: need at least 1 rank");
+  FakeWorld world(ranks);
+  std::vector<Result<std::vector<CollectiveSample>>> results(ranks, Status::Error("rank did not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] { results[r] = ProfileCollectives(world.endpoint(r), specs, reps); });
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r)
+    if (!results[r].ok()) return results[r].status();
+  return results[0];
+}
+
+std::string WriteCollectiveSamples(const std::vector<CollectiveSample>& samples, int ranks) {
+  nlohmann::json j = {{"format", "concerto-collective-samples"}, {"ranks", ranks}, {"samples", nlohmann::json::array()}};
+  for (const CollectiveSample& s : samples)
+    j["samples"].push_back({{"collective", ToString(s.spec.type)}, {"group_size", s.spec.group_size},
+                            {"bytes", s.spec.bytes}, {"time_us", s.time_us}, {"reps", s.reps}});
+  return j.dump(1) + "\n";
+}
+
+Result<std::vector<CollectiveSample>> ReadCollectiveSamples(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(path + ": " + e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != "concerto-collective-samples" || !j.contains("samples") ||
+      !j["samples"].is_array())
+    return Status::Error(path + ": not a collective sample file (format 'concerto-collective-samples' with a "
+                                "'samples' list)");
+  std::vector<CollectiveSample> out;
+  for (size_t i = 0; i < j["samples"].size(); ++i) {
+    const nlohmann::json& e = j["samples"][i];
+    const std::string where = path + ": sample " + std::to_string(i) + ": ";
+    if (!e.is_object()) return Status::Error(where + "not an object");
+    for (const char* field : {"collective", "group_size", "bytes", "time_us"})
+      if (!e.contains(field)) return Status::Error(where + "field '" + field + "' is missing");
+    if (!e["collective"].is_string()) return Status::Error(where + "field 'collective' must be a string");
+    const std::optional<CollectiveType> type = ParseCollectiveType(e["collective"].get<std::string>());
+    if (!type) return Status::Error(where + "field 'collective': unknown type");
+    if (!e["group_size"].is_number_integer() || !e["bytes"].is_number_integer())
+      return Status::Error(where + "fields 'group_size' and 'bytes' must be integers");
+    if (!e["time_us"].is_number() || !(e["time_us"].get<double>() >= 0))
+      return Status::Error(where + "field 'time_us' must be a non-negative number");
+    CollectiveSample s;
+    s.spec = {*type, e["group_size"].get<int>(), e["bytes"].get<int64_t>()};
+    s.time_us = e["time_us"].get<double>();
+    s.reps = e.value("reps", 0);
+    out.push_back(s);
+  }
+  return out;
+}
+
+Result<LinearFit> FitLine(const std::vector<double>& x, const std::vector<double>& y) {
+  assert(x.size() == y.size());
+  const double n = static_cast<double>(x.size());
+  double sx = 0, sy = 0;
+  for (size_t i = 0; i < x.size(); ++i) sx += x[i], sy += y[i];
+  const double mx = sx / n, my = sy / n;
+  double sxx = 0, sxy = 0, syy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxx += (x[i] - mx) * (x[i] - mx);
+    sxy += (x[i] - mx) * (y[i] - my);
+    syy += (y[i] - my) * (y[i] - my);
+  }
+  if (x.size() < 2 || sxx <= 0) return Status::Error("a line fit needs two distinct x values");
+  LinearFit f;
+  f.slope = sxy / sxx;
+  f.intercept = my - f.slope * mx;
+  f.r2 = syy > 0 ? (sxy * sxy) / (sxx * syy) : 1.0;
+  f.points = static_cast<int>(x.size());
+  return f;
+}
+
+Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& samples) {
+  // Large: >= 1 MiB, or the largest size measured when that is smaller;
+  // small: <= 64 KiB, or the smallest size measured when that is larger.
+  int64_t min_bytes = INT64_MAX, max_bytes = 0;
+  for (const CollectiveSample& s : samples)
+    if (s.time_us > 0 && s.spec.group_size >= 2)
+      min_bytes = std::min(min_bytes, s.spec.bytes), max_bytes = std::max(max_bytes, s.spec.bytes);
+  const int64_t kSmallBytes = std::max<int64_t>(64 << 10, min_bytes);
+  const int64_t kLargeBytes = std::min<int64_t>(1 << 20, max_bytes);
+  std::vector<const CollectiveSample*> small, large, large_all_reduce;
+  for (const CollectiveSample& s : samples) {
+    if (s.time_us <= 0 || s.spec.group_size < 2) continue;
+    if (s.spec.bytes <= kSmallBytes) small.push_back(&s);
+    if (s.spec.bytes >= kLargeBytes) {
+      large.push_back(&s);
+      if (s.spec.type == CollectiveType::kAllReduce) large_all_reduce.push_back(&s);
+    }
+  }
+  if (large_all_reduce.size() >= 2) large = large_all_reduce;
+  if (small.empty() || large.empty())
+    return Status::Error("collective fit: no samples on two or more ranks");
+  // Alternate: time per byte by least squares on the large samples given
+  // alpha; alpha as the median per-step remainder of the small ones.
+  double alpha = 0, per_byte = 0;
+  for (int iteration = 0; iteration < 50; ++iteration) {
+    double num = 0, den = 0;
+    for (const CollectiveSample* s : large) {
+      const auto [steps, factor] = RingFactors(s->spec.type, s->spec.group_size);
+      const double x = factor * static_cast<double>(s->spec.bytes);
+      num += x * (s->time_us - alpha * steps);
+      den += x * x;
+    }
+    per_byte = num / den;
+    std::vector<double> rest;
+    for (const CollectiveSample* s : small) {
+      const auto [steps, factor] = RingFactors(s->spec.type, s->spec.group_size);
+      rest.push_back(std::max(0.0, (s->time_us - per_byte * factor * static_cast<double>(s->spec.bytes)) / steps));
+    }
+    alpha = Median(rest);
+  }
+  if (!(per_byte > 0)) return Status::Error("collective fit: non-positive time per byte");
+  CollectiveFit fit;
+  fit.latency_us = alpha;
+  fit.bandwidth_gbps = 1e-3 / per_byte;
+  for (const CollectiveSample& s : samples) {
+    if (s.time_us <= 0 || s.spec.group_size < 2) continue;
+    const auto [steps, factor] = RingFactors(s.spec.type, s.spec.group_size);
+    const double model = alpha * steps + per_byte * factor * static_cast<double>(s.spec.bytes);
+    fit.max_rel_error = std::max(fit.max_rel_error, std::abs(model - s.time_us) / s.time_us);
+    ++fit.points;
+  }
+  return fit;
+}
+
+Result<ComputeFit> FitCompute(const std::vector<KernelSample>& samples) {
+  std::vector<double> mf, mt, bx, bt;
+  for (const KernelSample& s : samples) {
+    if (s.type == ComputeType::kMatmul) {
+      mf.push_back(s.flops);
+      mt.push_back(s.time_us);
+    } else if (IsStreamingKernel(s.type) && s.bytes > 0) {
+      bx.push_back(s.bytes);
+      bt.push_back(s.time_us);
+    }
+  }
+  Result<LinearFit> matmul = FitLine(mf, mt);
+  if (!matmul.ok()) return Status::Error("matmul fit: " + matmul.status().message());
+  Result<LinearFit> memory = FitLine(bx, bt);
+  if (!memory.ok()) return Status::Error("memory fit: " + memory.status().message());
+  if (matmul->slope <= 0 || memory->slope <= 0)
+    return Status::Error("compute fit: time does not grow with flops or bytes (noisy measurements?)");
+  ComputeFit fit;
+  fit.matmul = *matmul;
+  fit.memory = *memory;
+  fit.matmul_tflops = 1e-6 / matmul->slope;
+  fit.memory_gbps = 1e-3 / memory->slope;
+  fit.launch_overhead_us = std::max(0.0, memory->intercept);
+  std::vector<double> eff;
+  for (const KernelSample& s : samples) {
+    if (s.type == ComputeType::kMatmul || IsStreamingKernel(s.type) || s.flops <= 0) continue;
+    const double t = std::max(s.time_us - fit.launch_overhead_us, 1e-3);
+    eff.push_back(s.flops / (t * 1e6) / (fit.matmul_tflops * 1e6) * 1e6);
+  }
+  if (!eff.empty()) fit.vector_efficiency = std::clamp(Median(eff), 1e-4, 1.0);
+  return fit;
+}
+
+ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
+                                const std::string& device_name) {
+  ClusterSpec c;
+  c.name = "cpu-local";
+  c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
+                  "device, collectives as measured";
+  c.nodes = 1;
+  c.devices_per_node = std::max(1, ranks);
+  c.device.name = device_name;
+  c.device.peak_tflops_bf16 = c.device.peak_tflops_fp16 = c.device.peak_tflops_fp32 = compute.matmul_tflops;
+  c.device.memory_bandwidth_gbps = compute.memory_gbps;
+  c.device.memory_gb = 1;
+  c.device.matmul_efficiency = 1;
+  c.device.vector_efficiency = compute.vector_efficiency;
+  c.device.memory_efficiency = 1;
+  c.device.launch_overhead_us = compute.launch_overhead_us;
+  c.intra_node = LinkSpec{comm.bandwidth_gbps, comm.latency_us};
+  c.inter_node = c.intra_node;
+  c.collective_algorithm = "ring";
+  c.interference = 0;
+  return c;
+}
+
+ProfileDb MakeProfileDb(const std::string& device, const std::vector<KernelSample>& kernels,
+                        const std::vector<CollectiveSample>& collectives, const Program* program,
+                        const ClusterSpec& cluster) {
+  ProfileDb db;
+  std::set<std::string> added;
+  for (const KernelSample& k : kernels)
+    if (added.insert(k.signature).second) db.Add(device, k.signature, k.time_us);
+  if (!program) return db;
+  std::map<std::tuple<int, int, int64_t>, double> measured;
+  for (const CollectiveSample& s : collectives)
+    measured[{static_cast<int>(s.spec.type), s.spec.group_size, s.spec.bytes}] = s.time_us;
+  for (const Role& role : program->roles) {
+    const Graph& g = program->GraphOf(role);
+    const GraphIndex index = GraphIndex::Build(g);
+    const int rank = role.ranks.empty() ? 0 : role.ranks.front();
+    const PriceContext ctx{g, index, program->mesh, rank};
+    for (const Op& op : g.ops) {
+      if (op.kind != OpKind::kCollective) continue;
+      const int n = static_cast<int>(GroupRanks(program->mesh, op.group, rank).size());
+      int64_t bytes = 0;
+      for (const std::string& t : op.inputs) bytes += 4 * g.tensors[index.tensor.at(t)].NumElements();
+      auto it = measured.find({static_cast<int>(op.collective), n, bytes});
+      if (it == measured.end()) continue;
+      const std::string sig = ProfileDb::Signature(op, ctx, cluster);
+      if (added.insert(sig).second) db.Add(device, sig, it->second);
+    }
+  }
+  return db;
+}
+
+}  // namespace concerto

@@ -1,0 +1,200 @@
+// The launcher of `concerto run`: the mpirun command line (through a fake
+// process runner), job preparation and refusal before launch, and the
+// measured-iteration summary.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+
+#include "concerto/ir/json_io.h"
+#include "concerto/runtime/launcher.h"
+#include "concerto/runtime/launcher_job.h"
+
+namespace concerto {
+namespace {
+
+const std::string kExample = std::string(CONCERTO_SOURCE_DIR) + "/examples/ir/dp_matmul_allreduce.json";
+
+/// Records the command lines it is asked to run; answers with `code`.
+class FakeRunner : public ProcessRunner {
+ public:
+  explicit FakeRunner(int code) : code_(code) {}
+  Result<int> Run(const std::vector<std::string>& argv) override {
+    commands.push_back(argv);
+    return code_;
+  }
+  std::vector<std::vector<std::string>> commands;
+
+ private:
+  int code_;
+};
+
+/// Index of `flag` in `argv`, or -1.
+int IndexOf(const std::vector<std::string>& argv, const std::string& flag) {
+  auto it = std::find(argv.begin(), argv.end(), flag);
+  return it == argv.end() ? -1 : static_cast<int>(it - argv.begin());
+}
+
+TEST(MpirunCommand, HasTheRuntimeFlagsThenTheWorker) {
+  MpirunSpec spec;
+  spec.ranks = 4;
+  spec.worker = "/opt/bin/concerto_mpi_run";
+  spec.worker_args = {"--program", "p.json"};
+  Result<std::vector<std::string>> argv = MpirunCommand(spec);
+  ASSERT_TRUE(argv.ok()) << argv.status().message();
+  const std::string line = ShellJoin(*argv);
+  EXPECT_EQ(line,
+            "mpirun --oversubscribe -n 4 --mca btl tcp,self --mca btl_tcp_if_include lo "
+            "--mca oob_tcp_if_include lo --mca mpi_yield_when_idle 1 "
+            "-x MALLOC_MMAP_THRESHOLD_=2000000000 -x MALLOC_TRIM_THRESHOLD_=4000000000 "
+            "/opt/bin/concerto_mpi_run --program p.json");
+  EXPECT_EQ(IndexOf(*argv, "--allow-run-as-root"), -1);
+  spec.as_root = true;
+  EXPECT_EQ(IndexOf(*MpirunCommand(spec), "--allow-run-as-root"), 1);
+}
+
+TEST(MpirunCommand, RejectsNoRanksAndNoWorker) {
+  MpirunSpec spec;
+  spec.worker = "w";
+  spec.ranks = 0;
+  EXPECT_NE(MpirunCommand(spec).status().message().find("at least 1 rank"), std::string::npos);
+  spec.ranks = 2;
+  spec.worker.clear();
+  EXPECT_NE(MpirunCommand(spec).status().message().find("no worker"), std::string::npos);
+}
+
+TEST(ShellJoin, QuotesWhatTheShellWouldSplit) {
+  EXPECT_EQ(ShellJoin({"a", "b c", "it's", ""}), "a 'b c' 'it'\\''s' ''");
+}
+
+TEST(LaunchWorker, PassesTheJobAndForwardsTheExitCode) {
+  FakeRunner runner(137);  // a rank killed by SIGKILL: mpirun exits 128 + 9
+  MpirunSpec spec;
+  spec.ranks = 2;
+  spec.worker = "concerto_mpi_run";
+  WorkerRequest request;
+  request.program_file = "/tmp/x/program.json";
+  request.schedule_file = "/tmp/x/schedule.json";
+  request.check = true;
+  request.model = "gpt-tiny";
+  request.plan = "dp=2";
+  request.iterations = 5;
+  request.warmup = 2;
+  request.trace = "t.json";
+  request.json = true;
+  request.timeout_s = 7.5;
+  request.kill_op = "L0.mlp.fc1";
+  request.kill_rank = 1;
+  Result<int> code = LaunchWorker(spec, request, runner);
+  ASSERT_TRUE(code.ok()) << code.status().message();
+  EXPECT_EQ(*code, 137);
+  ASSERT_EQ(runner.commands.size(), 1u);
+  const std::vector<std::string>& argv = runner.commands[0];
+  const int worker = IndexOf(argv, "concerto_mpi_run");
+  ASSERT_GT(worker, 0);
+  const std::vector<std::string> args(argv.begin() + worker + 1, argv.end());
+  EXPECT_EQ(ShellJoin(args),
+            "--program /tmp/x/program.json --schedule /tmp/x/schedule.json --model gpt-tiny --plan dp=2 --check "
+            "--iterations 5 --warmup 2 --trace t.json --json --timeout 7.5 --kill-op L0.mlp.fc1 --kill-rank 1");
+}
+
+TEST(LaunchWorker, NeedsProgramAndSchedule) {
+  FakeRunner runner(0);
+  MpirunSpec spec;
+  spec.worker = "w";
+  EXPECT_FALSE(LaunchWorker(spec, WorkerRequest{}, runner).ok());
+  EXPECT_TRUE(runner.commands.empty());  // nothing launched
+}
+
+TEST(FindMpiWorker, NamesTheMissingPath) {
+  Result<std::string> w = FindMpiWorker("/nonexistent-dir");
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("/nonexistent-dir/concerto_mpi_run"), std::string::npos);
+}
+
+TEST(PrepareJob, RefusesAScheduleThatFailsVerificationBeforeLaunch) {
+  // The schedule lists op 0 on the comm stream and leaves out every other op.
+  const std::string path = testing::TempDir() + "/bad.schedule.json";
+  {
+    std::ofstream out(path);
+    out << R"({"format": "concerto-schedule", "scheduler": "hand",
+               "roles": [{"role": "main", "streams": [{"stream": "compute", "ops": [0]}]}]})";
+  }
+  JobSpec spec;
+  spec.program_file = kExample;
+  spec.schedule_file = path;
+  Result<ScheduledProgram> sp = PrepareJob(spec);
+  ASSERT_FALSE(sp.ok());
+  EXPECT_NE(sp.status().message().find("fails verification"), std::string::npos) << sp.status().message();
+  EXPECT_NE(sp.status().message().find(path), std::string::npos);
+}
+
+TEST(PrepareJob, MakesABaselineScheduleThatRoundTripsToOtherRanks) {
+  JobSpec spec;
+  spec.program_file = kExample;
+  spec.scheduler = "ddp";
+  Result<ScheduledProgram> sp = PrepareJob(spec);
+  ASSERT_TRUE(sp.ok()) << sp.status().message();
+  EXPECT_EQ(sp->schedule.scheduler, "ddp");
+  Result<ScheduledProgram> back = UnpackScheduledProgram(PackScheduledProgram(*sp), "test");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(WriteProgram(back->program), WriteProgram(sp->program));
+  EXPECT_EQ(WriteSchedule(back->schedule), WriteSchedule(sp->schedule));
+  EXPECT_FALSE(UnpackScheduledProgram("xy", "test").ok());
+}
+
+TEST(SummarizeMeasuredJob, TakesTheLowerMedianIterationAndItsTimeline) {
+  JobSpec spec;
+  spec.program_file = kExample;
+  Result<ScheduledProgram> sp = PrepareJob(spec);
+  ASSERT_TRUE(sp.ok()) << sp.status().message();
+  // Four iterations on 2 ranks; an iteration's time is its latest end on
+  // any rank: max(30, 50) = 50, max(90, 10) = 90, 20, 70. Sorted 20, 50,
+  // 70, 90: the lower middle is 50 (iteration 0).
+  auto rec = [](int rank, double end) { return OpRecord{rank, 0, 0, 0, end}; };
+  std::vector<std::vector<std::vector<OpRecord>>> records = {
+      {{rec(0, 30)}, {rec(1, 50)}}, {{rec(0, 90)}, {rec(1, 10)}}, {{rec(0, 20)}, {rec(1, 5)}},
+      {{rec(0, 70)}, {rec(1, 70)}}};
+  Result<MeasuredJob> job = SummarizeMeasuredJob(sp->program, records, 1);
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->iteration_us, (std::vector<double>{50, 90, 20, 70}));
+  EXPECT_EQ(job->median_iteration, 0);
+  EXPECT_DOUBLE_EQ(job->median_iteration_us, 50);
+  EXPECT_DOUBLE_EQ(job->timeline.makespan_us, 50);
+  EXPECT_EQ(job->warmup, 1);
+  EXPECT_FALSE(SummarizeMeasuredJob(sp->program, {}, 0).ok());
+}
+
+TEST(RunLocalJob, MeasuresEveryIterationAndReportsJson) {
+  JobSpec spec;
+  spec.program_file = kExample;
+  spec.scheduler = "sequential";
+  Result<ScheduledProgram> sp = PrepareJob(spec);
+  ASSERT_TRUE(sp.ok()) << sp.status().message();
+  LocalJobOptions options;
+  options.iterations = 3;
+  options.warmup = 1;
+  Result<MeasuredJob> job = RunLocalJob(*sp, options);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  ASSERT_EQ(job->iteration_us.size(), 3u);
+  EXPECT_EQ(job->timeline.ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(job->timeline.records.size(), 2 * sp->program.graphs[0].ops.size());
+  Result<std::unique_ptr<CostModel>> cost = MakeJobCostModel("a800-4x8", "");
+  ASSERT_TRUE(cost.ok());
+  const nlohmann::json j = MeasuredJobJson(*sp, *job, **cost);
+  EXPECT_EQ(j["scheduler"], "sequential");
+  EXPECT_EQ(j["iterations"], 3);
+  EXPECT_EQ(j["warmup_iterations"], 1);
+  EXPECT_DOUBLE_EQ(j["median_iteration_us"].get<double>(), job->median_iteration_us);
+
+  options.fail_op = "fc.dw";
+  options.fail_rank = 1;
+  Result<MeasuredJob> failed = RunLocalJob(*sp, options);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_NE(failed.status().message().find("rank 1: op 1 'fc.dw': injected failure"), std::string::npos)
+      << failed.status().message();
+}
+
+}  // namespace
+}  // namespace concerto

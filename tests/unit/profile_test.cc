@@ -1,0 +1,157 @@
+// Profiling: the least-squares fits on exact synthetic data, the
+// cpu-local cluster file, the profile database the cost model reads, and
+// collective timing over FakeWorld.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "concerto/cost/cluster.h"
+#include "concerto/cost/cost_model.h"
+#include "concerto/lower/frontend.h"
+#include "concerto/runtime/profile.h"
+
+namespace concerto {
+namespace {
+
+TEST(FitLine, RecoversAnExactLine) {
+  // y = 2x + 3 at x = 1, 2, 3: 5, 7, 9.
+  Result<LinearFit> f = FitLine({1, 2, 3}, {5, 7, 9});
+  ASSERT_TRUE(f.ok());
+  EXPECT_NEAR(f->slope, 2, 1e-12);
+  EXPECT_NEAR(f->intercept, 3, 1e-12);
+  EXPECT_NEAR(f->r2, 1, 1e-12);
+  EXPECT_FALSE(FitLine({1, 1}, {2, 3}).ok());  // no spread in x
+}
+
+TEST(FitCollectives, RecoversAlphaAndBetaOfRingCollectives) {
+  // alpha = 10 us per step, B = 1 GB/s = 1e3 bytes/us (1e-3 us per byte).
+  // all_reduce n=2 (2 steps, factor 1): S=4096: 20 + 4.096 = 24.096 us;
+  //   S=2^21: 20 + 2097.152 = 2117.152 us; S=2^22: 20 + 4194.304 = 4214.304 us.
+  // all_gather n=4 (3 steps, factor 3), S=16384: 30 + 49.152 = 79.152 us.
+  std::vector<CollectiveSample> samples = {
+      {{CollectiveType::kAllReduce, 2, 4096}, 24.096, 1},
+      {{CollectiveType::kAllReduce, 2, 1 << 21}, 2117.152, 1},
+      {{CollectiveType::kAllReduce, 2, 1 << 22}, 4214.304, 1},
+      {{CollectiveType::kAllGather, 4, 16384}, 79.152, 1}};
+  Result<CollectiveFit> f = FitCollectives(samples);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_NEAR(f->latency_us, 10, 1e-6);
+  EXPECT_NEAR(f->bandwidth_gbps, 1, 1e-9);
+  EXPECT_NEAR(f->max_rel_error, 0, 1e-6);
+  EXPECT_EQ(f->points, 4);
+  // Without samples of 1 MiB the largest size (16384 bytes) sets the
+  // bandwidth: the data are exact, so the same alpha and B come back.
+  samples.erase(samples.begin() + 1, samples.begin() + 3);
+  Result<CollectiveFit> small = FitCollectives(samples);
+  ASSERT_TRUE(small.ok()) << small.status().message();
+  EXPECT_NEAR(small->bandwidth_gbps, 1, 1e-6);
+  EXPECT_NE(FitCollectives({}).status().message().find("no samples"), std::string::npos);
+}
+
+TEST(FitCompute, RecoversRateBandwidthAndLaunchOverhead) {
+  // matmul: t = flops / 1e4 + 5 (1e4 flop/us = 0.01 TFLOP/s);
+  // add: t = bytes / 1e3 + 2 (1e3 bytes/us = 1 GB/s; launch 2 us).
+  std::vector<KernelSample> samples;
+  for (double flops : {1e6, 4e6}) samples.push_back({"m", ComputeType::kMatmul, flops, 0, flops / 1e4 + 5, 3});
+  for (double bytes : {1e4, 3e4}) samples.push_back({"a", ComputeType::kAdd, 0, bytes, bytes / 1e3 + 2, 3});
+  Result<ComputeFit> f = FitCompute(samples);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_NEAR(f->matmul_tflops, 0.01, 1e-12);
+  EXPECT_NEAR(f->memory_gbps, 1, 1e-9);
+  EXPECT_NEAR(f->launch_overhead_us, 2, 1e-9);
+  samples.pop_back();
+  EXPECT_FALSE(FitCompute(samples).ok());  // one memory point cannot fix a line
+}
+
+TEST(CpuLocalCluster, IsAValidClusterFile) {
+  ComputeFit compute;
+  compute.matmul_tflops = 0.05;
+  compute.memory_gbps = 8;
+  compute.launch_overhead_us = 1.5;
+  compute.vector_efficiency = 0.2;
+  CollectiveFit comm;
+  comm.latency_us = 40;
+  comm.bandwidth_gbps = 0.12;
+  const ClusterSpec c = MakeCpuLocalCluster(compute, comm, 2, "cpu-local");
+  const std::string path = testing::TempDir() + "/cpu-local.json";
+  {
+    std::ofstream out(path);
+    out << ClusterToJson(c);
+  }
+  Result<ClusterSpec> back = LoadCluster(path);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(*back, c);
+  EXPECT_EQ(back->NumDevices(), 2);
+  EXPECT_DOUBLE_EQ(back->intra_node.bandwidth_gbps, 0.12);
+  EXPECT_DOUBLE_EQ(back->device.peak_tflops_bf16, 0.05);
+}
+
+TEST(CollectiveSpecs, RoundTripAndRejectBadText) {
+  const std::vector<CollectiveSpec> specs = {{CollectiveType::kAllReduce, 2, 4096},
+                                             {CollectiveType::kReduceScatter, 4, 65536}};
+  const std::string text = FormatCollectiveSpecs(specs);
+  EXPECT_EQ(text, "all_reduce:2:4096,reduce_scatter:4:65536");
+  Result<std::vector<CollectiveSpec>> back = ParseCollectiveSpecs(text);
+  ASSERT_TRUE(back.ok());
+  ASSERT_EQ(back->size(), 2u);
+  EXPECT_EQ((*back)[1].type, CollectiveType::kReduceScatter);
+  EXPECT_EQ((*back)[1].bytes, 65536);
+  EXPECT_NE(ParseCollectiveSpecs("all_sum:2:4").status().message().find("unknown collective type"),
+            std::string::npos);
+  EXPECT_NE(ParseCollectiveSpecs("all_reduce:x:4").status().message().find("integers"), std::string::npos);
+}
+
+TEST(ProfileCollectives, TimesEverySpecOverFakeWorld) {
+  const std::vector<CollectiveSpec> specs = {{CollectiveType::kAllReduce, 2, 4096},
+                                             {CollectiveType::kAllGather, 3, 4096},
+                                             {CollectiveType::kAllToAll, 3, 12288}};
+  Result<std::vector<CollectiveSample>> s = ProfileCollectivesInProcess(3, specs, 2);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_EQ(s->size(), 3u);
+  for (const CollectiveSample& x : *s) {
+    EXPECT_GT(x.time_us, 0);
+    EXPECT_EQ(x.reps, 2);
+  }
+  // 4100 bytes of all_to_all over 3 ranks is not 3 whole fp32 chunks.
+  Result<std::vector<CollectiveSample>> bad =
+      ProfileCollectivesInProcess(3, {{CollectiveType::kAllToAll, 3, 4100}}, 1);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("multiple of 12"), std::string::npos) << bad.status().message();
+}
+
+TEST(ProfileKernels, FeedsTheProfiledCostModel) {
+  Result<Program> p = LowerModelPlan("gpt-tiny", "dp=2");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  ClusterSpec cluster;
+  cluster.name = "cpu-local";
+  cluster.device.name = "cpu-local";
+  cluster.devices_per_node = 2;
+  KernelProfileOptions quick;
+  quick.min_time_s = 0;
+  quick.min_reps = 1;
+  quick.max_reps = 1;
+  Result<std::vector<KernelSample>> kernels = ProfileKernels(*p, cluster, quick);
+  ASSERT_TRUE(kernels.ok()) << kernels.status().message();
+  ASSERT_FALSE(kernels->empty());
+  // Pretend every collective of the program was measured at 100 us.
+  std::vector<CollectiveSample> comm;
+  for (const CollectiveSpec& s : ProgramCollectiveSpecs(*p)) comm.push_back({s, 100, 1});
+  ASSERT_FALSE(comm.empty());
+  ProfileDb db = MakeProfileDb("cpu-local", *kernels, comm, &*p, cluster);
+  EXPECT_GT(db.size(), kernels->size());
+  // Every compute and collective op of the program is now priced from the
+  // database; nothing falls back to the analytic model.
+  cluster.device.peak_tflops_bf16 = cluster.device.peak_tflops_fp16 = cluster.device.peak_tflops_fp32 = 1;
+  cluster.device.memory_bandwidth_gbps = 1;
+  cluster.device.memory_gb = 1;
+  cluster.intra_node = cluster.inter_node = LinkSpec{1, 1};
+  const ProfiledCostModel model(db, cluster);
+  const CostReport report = SummarizeCosts(*p, model);
+  int compute_and_collectives = 0;
+  for (const Op& op : p->graphs[0].ops)
+    compute_and_collectives += op.kind == OpKind::kCompute || op.kind == OpKind::kCollective;
+  EXPECT_EQ(report.profiled_ops, compute_and_collectives);
+}
+
+}  // namespace
+}  // namespace concerto
