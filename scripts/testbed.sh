@@ -3,21 +3,28 @@
 # "Testbed: measured vs simulated"). Needs root (network namespaces, tc).
 #
 # Creates a network namespace whose loopback is shaped with tbf (default
-# 1 Gbit/s), profiles this machine inside it (`concerto profile`: kernels of
-# the workload, collectives over MPI on the shaped loopback, a fitted
-# cpu-local cluster), then for each scheduler makes the schedule on that
-# cluster + profile, takes the simulator's prediction, and runs the step for
-# real over MPI inside the namespace (median of ITERATIONS after WARMUP).
-# Prints one row per scheduler: measured and simulated iteration time.
+# 1 Gbit/s, bucket BURST=256kb, queue LATENCY=50ms: docs/runtime.md "The
+# testbed" says why), profiles this machine inside it (`concerto profile`:
+# kernels of the workload, collectives over MPI on the shaped loopback,
+# interference, a fitted cpu-local cluster), then for each scheduler makes
+# the schedule on that cluster + profile database, takes the simulator's
+# prediction, and runs the step for real over MPI inside the namespace
+# (WARMUP + ITERATIONS steps on buffers initialised once). Prints one row
+# per scheduler: measured median, min and max, simulated, simulated /
+# median; and the load average before and after (the figures mean little
+# on a loaded machine). About 4-6 minutes with the defaults on 2 cores.
 # The namespace is removed on every exit (normal, error, Ctrl-C, kill).
 #
-# usage: scripts/testbed.sh [BUILD_DIR]     (env: RATE=1gbit ITERATIONS=5 WARMUP=1
-#        SCHEDULERS="sequential ddp concerto" MODEL=examples/models/gpt-testbed.yaml
-#        PLAN=dp=2 OUT=BUILD_DIR/testbed CONCERTO_BUDGET=30)
+# usage: scripts/testbed.sh [BUILD_DIR]     (env: RATE=1gbit BURST=256kb LATENCY=50ms
+#        ITERATIONS=5 WARMUP=1 SCHEDULERS="sequential ddp concerto"
+#        MODEL=examples/models/gpt-testbed.yaml PLAN=dp=2 OUT=BUILD_DIR/testbed
+#        CONCERTO_BUDGET=30)
 set -euo pipefail
 
 BUILD=${1:-build}
 RATE=${RATE:-1gbit}
+BURST=${BURST:-256kb}
+LATENCY=${LATENCY:-50ms}
 ITERATIONS=${ITERATIONS:-5}
 WARMUP=${WARMUP:-1}
 SCHEDULERS=${SCHEDULERS:-"sequential ddp concerto"}
@@ -49,7 +56,7 @@ trap 'cleanup; exit 143' TERM
 
 ip netns add "$NS"
 ip netns exec "$NS" ip link set lo up
-ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$RATE" burst 128kb latency 50ms
+ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$RATE" burst "$BURST" latency "$LATENCY"
 in_ns() { ip netns exec "$NS" "$@"; }
 echo "testbed: namespace $NS, loopback shaped: $(in_ns tc qdisc show dev lo)" >&2
 
@@ -62,7 +69,8 @@ cat "$OUT/profile.summary.json" >&2
 # The first number after "KEY": in a JSON file.
 field() { grep -o "\"$2\": *[-0-9.eE+]*" "$1" | head -1 | sed 's/.*: *//'; }
 
-printf '%-12s %14s %14s %10s\n' scheduler measured_ms simulated_ms sim/meas
+echo "testbed: load average before the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+rows=()
 for s in $SCHEDULERS; do
   extra=()
   [[ $s == concerto ]] && extra=(--time-budget "$CONCERTO_BUDGET")
@@ -72,9 +80,13 @@ for s in $SCHEDULERS; do
   in_ns "$CONCERTO" run "$OUT/$s.program.json" --schedule "$OUT/$s.schedule.json" \
     --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" \
     --iterations "$ITERATIONS" --warmup "$WARMUP" --trace "$OUT/$s.measured.trace.json" --json > "$OUT/$s.measured.json"
-  measured=$(field "$OUT/$s.measured.json" median_iteration_us)
-  simulated=$(field "$OUT/$s.simulated.json" makespan_us)
-  awk -v s="$s" -v m="$measured" -v p="$simulated" \
-    'BEGIN { printf "%-12s %14.1f %14.1f %10.3f\n", s, m / 1e3, p / 1e3, p / m }'
+  rows+=("$(awk -v s="$s" -v m="$(field "$OUT/$s.measured.json" median_iteration_us)" \
+    -v lo="$(field "$OUT/$s.measured.json" min_iteration_us)" -v hi="$(field "$OUT/$s.measured.json" max_iteration_us)" \
+    -v p="$(field "$OUT/$s.simulated.json" makespan_us)" \
+    'BEGIN { printf "%-12s %12.1f %10.1f %10.1f %14.1f %10.3f", s, m / 1e3, lo / 1e3, hi / 1e3, p / 1e3, p / m }')")
 done
+echo "testbed: load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us" >&2
+printf '%-12s %12s %10s %10s %14s %10s\n' scheduler median_ms min_ms max_ms simulated_ms sim/median
+printf '%s\n' "${rows[@]}"
 echo "testbed: files in $OUT (per scheduler: .simulated.json, .measured.json, .measured.trace.json)" >&2

@@ -61,6 +61,9 @@ contains compare_model_label "$TMP/out" '"program": "llama-tiny'
 check compare_needs_input 2 "$BIN" compare
 check models 0 "$BIN" models
 contains models_lists_llama "$TMP/out" "llama-70b"
+contains models_small_counts_in_millions "$TMP/out" "2.17M parameters, 4 experts top-2"
+check bad_order 1 "$BIN" lower --model gpt-tiny --plan dp=2,tp=2,order=dp-xp -o "$TMP/x.json"
+contains bad_order_names_key "$TMP/err" "order 'dp-xp': unknown axis 'xp'"
 check bad_plan 1 "$BIN" lower --model gpt-tiny --plan dp=2,tp=3 -o "$TMP/x.json"
 check deadlock_is_error 1 "$BIN" simulate "$ROOT/tests/golden/deadlock_p2p.json"
 contains deadlock_message "$TMP/err" "deadlock"

@@ -43,6 +43,7 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
                       {"windows_unsolved", r.windows_unsolved},
                       {"windows_hit_time_limit", r.windows_hit_time_limit},
                       {"passes_over_memory_budget", r.passes_over_memory},
+                      {"inter_node_stream_ops", r.inter_node_stream_ops},
                       {"incumbent_peak_memory_bytes", r.incumbent_peak_memory_bytes},
                       {"fused_collectives", r.fused_collectives},
                       {"fusion_gain_us", r.fusion_gain_us},
@@ -124,7 +125,7 @@ Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Opt
   }
   Result<Timeline> timeline = Simulate(sp, cost, ToSimOptions(options));
   if (!timeline.ok()) return timeline.status();
-  RunResult run{std::move(sp), std::move(timeline).value(), {}, std::nullopt};
+  RunResult run{std::move(sp), std::move(timeline).value(), {}, std::nullopt, std::nullopt};
   run.summary = Summarize(run.scheduled, run.timeline, cost);
   return run;
 }

@@ -36,6 +36,10 @@ constexpr double kLayerNormGradFlopsPerElem = 16;
 constexpr double kSoftmaxFlopsPerElem = 5;      // max, subtract, exp, sum, divide
 constexpr double kSoftmaxGradFlopsPerElem = 4;  // product, row sum, subtract, product
 constexpr double kAdamFlopsPerElem = 10;
+constexpr double kReduceMaxFlopsPerElem = 1;
+constexpr double kSumExpFlopsPerElem = 3;            // subtract, exp, accumulate
+constexpr double kCrossEntropyFlopsPerRow = 4;       // log, add, subtract, accumulate
+constexpr double kCrossEntropyGradFlopsPerElem = 4;  // exp, divide, subtract one-hot, scale
 
 constexpr double kLayerNormEps = 1e-5;
 constexpr double kAdamLr = 1e-3;  // AlphaFold 2 training
@@ -177,6 +181,12 @@ struct TriMulActs {
   std::string x, xn, x2d, lp, lg, rp, rg, left, right, p, pn, po, g;
 };
 
+/// Forward tensors of one head (a linear layer and a softmax cross entropy
+/// over its last dim) that its backward reads.
+struct HeadActs {
+  std::string x, logits, labels, max, sum_exp;
+};
+
 /// Everything one block's backward reads.
 struct BlockActs {
   AttnActs msa_row, msa_col, att_start, att_end;
@@ -207,10 +217,12 @@ class EvoformerLowering {
     std::string z = Act("evo.pair", {{rl_, r_, c_.c_z}, Sh(3, 0)});
     acts_.resize(c_.blocks);
     for (int l = 0; l < c_.blocks; ++l) std::tie(m, z) = BlockForward(l, m, z);
+    SetLayer(-1);
+    DistogramForward(z);
+    MaskedMsaForward(m);
     b_.SetPhase(Phase::kBackward);
-    b_.SetLayer(-1);
-    std::string dm = IncomingGrad("evo.msa.out.grad", m);
-    std::string dz = IncomingGrad("evo.pair.out.grad", z);
+    std::string dm = MaskedMsaBackward();
+    std::string dz = DistogramBackward();
     for (int l = c_.blocks - 1; l >= 0; --l) std::tie(dm, dz) = BlockBackward(l, dm, dz);
     b_.SetPhase(Phase::kOptimizer);
     params_.EmitOptimizer();
@@ -854,11 +866,80 @@ class EvoformerLowering {
     return {dm0, Add(p + "pair.dy", dz1, dz_bias)};
   }
 
-  /// The graph input `name`: the grad of final output `like` from the heads
-  /// after the stack; scaled by 1/dp (the loss is the mean over dp ranks).
-  std::string IncomingGrad(const std::string& name, const std::string& like) {
-    Act(name, LayoutOf(like));
-    return dp_ > 1 ? Scale(name + ".scaled", name, 1.0 / dp_) : name;
+  // ---- heads and loss ------------------------------------------------------
+
+  /// The softmax cross entropy of `logits` [rows..., classes] (row-sharded
+  /// over dap like `labels`) against the integer graph input `labels`:
+  /// max, sum of exponentials and target logit per row (f32), then
+  /// `name`.cross_entropy -> scalar `name`, the mean over this rank's rows
+  /// (the runtime's StepLoss averages these over ranks).
+  void CrossEntropy(const std::string& name, const std::string& logits,
+                    const std::string& labels, HeadActs* a) {
+    Layout rows = LayoutOf(logits);
+    rows.shape.pop_back();
+    rows.sharding.pop_back();
+    const double elems = Elems(logits);
+    const double local_rows = elems / b_.Get(logits).shape.back();
+    a->logits = logits;
+    a->labels = b_.AddTensor(labels, rows.shape, DType::kI32, rows.sharding);
+    a->max = b_.AddTensor(name + ".max", rows.shape, DType::kF32, rows.sharding);
+    b_.AddCompute(name + ".max", ComputeType::kReduceMax, {logits}, {a->max},
+                  kReduceMaxFlopsPerElem * elems);
+    a->sum_exp = b_.AddTensor(name + ".sum_exp", rows.shape, DType::kF32, rows.sharding);
+    b_.AddCompute(name + ".sum_exp", ComputeType::kSumExp, {logits, a->max}, {a->sum_exp},
+                  kSumExpFlopsPerElem * elems);
+    std::string target = b_.AddTensor(name + ".target", rows.shape, DType::kF32, rows.sharding);
+    b_.AddCompute(name + ".target", ComputeType::kGatherTarget, {logits, a->labels}, {target}, 0);
+    std::string loss = b_.AddTensor(name, {}, DType::kF32, {});
+    b_.AddCompute(name + ".cross_entropy", ComputeType::kCrossEntropy, {a->max, a->sum_exp, target},
+                  {loss}, kCrossEntropyFlopsPerRow * local_rows, {{"denominator", local_rows}});
+  }
+  /// Gradient of `weight` x the mean cross entropy over every rank's rows
+  /// (all dap shards of all dp samples): cross_entropy_grad with the global
+  /// label count as denominator, then `name`.weight scales it by `weight`.
+  std::string CrossEntropyBackward(const std::string& name, const HeadActs& a, double weight) {
+    const double elems = Elems(a.logits);
+    const double global_rows =
+        elems / b_.Get(a.logits).shape.back() * static_cast<double>(n_) * dp_;
+    std::string dlogits = b_.AddLike(a.logits + ".grad", a.logits, c_.dtype);
+    b_.AddCompute(name + ".cross_entropy.grad", ComputeType::kCrossEntropyGrad,
+                  {a.logits, a.max, a.sum_exp, a.labels}, {dlogits},
+                  kCrossEntropyGradFlopsPerElem * elems, {{"denominator", global_rows}});
+    return Scale(name + ".weight", dlogits, weight);
+  }
+
+  /// AlphaFold's distogram head on the final pair z [r/N, r, c_z]: a linear
+  /// layer to distogram_bins, symmetrised (logits_ij = h_ij + h_ji; the
+  /// transpose is a switch, an all-to-all under dap), and its cross entropy
+  /// against the graph input evo.distogram.labels [r/N, r].
+  void DistogramForward(const std::string& z) {
+    distogram_.x = z;
+    std::string half = Linear("head.distogram", z, c_.distogram_bins);
+    std::string mirror = Switch("head.distogram.mirror", half);
+    CrossEntropy("loss.distogram", Add("head.distogram.logits", half, mirror),
+                 "evo.distogram.labels", &distogram_);
+  }
+  /// Backward of the distogram head: d h = d logits + (d logits)^T (the same
+  /// switch), then the linear layer. Returns d(z).
+  std::string DistogramBackward() {
+    std::string dlogits = CrossEntropyBackward("loss.distogram", distogram_, c_.distogram_weight);
+    std::string dmirror = Switch("head.distogram.mirror.grad", dlogits);
+    std::string dhalf = Add("head.distogram.grad", dlogits, dmirror);
+    return LinearBackward("head.distogram", distogram_.x, dhalf);
+  }
+  /// AlphaFold's masked-MSA head on the final MSA m [s/N, r, c_m]: a linear
+  /// layer to msa_classes and its cross entropy against the graph input
+  /// evo.masked_msa.labels [s/N, r] (every position counts: no mask input).
+  void MaskedMsaForward(const std::string& m) {
+    masked_msa_.x = m;
+    CrossEntropy("loss.masked_msa", Linear("head.masked_msa", m, c_.msa_classes),
+                 "evo.masked_msa.labels", &masked_msa_);
+  }
+  /// Backward of the masked-MSA head. Returns d(m).
+  std::string MaskedMsaBackward() {
+    std::string dlogits =
+        CrossEntropyBackward("loss.masked_msa", masked_msa_, c_.masked_msa_weight);
+    return LinearBackward("head.masked_msa", masked_msa_.x, dlogits);
   }
 
   /// Tags the ops and parameters that follow with block `l`.
@@ -875,6 +956,7 @@ class EvoformerLowering {
   const int64_t s_, r_, sl_, rl_;  // n_seq, n_res and their dap shards
   int layer_ = -1;
   std::vector<BlockActs> acts_;
+  HeadActs distogram_, masked_msa_;
   std::unordered_set<std::string> consts_;
 };
 
@@ -922,10 +1004,15 @@ Status ValidateEvoformer(const EvoformerConfig& c) {
       {"msa_head_dim", c.msa_head_dim}, {"tri_heads", c.tri_heads},
       {"tri_head_dim", c.tri_head_dim}, {"opm_hidden", c.opm_hidden},
       {"tri_mul_hidden", c.tri_mul_hidden}, {"transition_mult", c.transition_mult},
-      {"batch", c.batch}};
+      {"batch", c.batch},           {"distogram_bins", c.distogram_bins},
+      {"msa_classes", c.msa_classes}};
   for (const auto& [field, value] : sizes)
     if (value <= 0)
       return ConfigError(c, std::string(field) + " must be positive, got " + std::to_string(value));
+  if (!(c.distogram_weight > 0) || !(c.masked_msa_weight > 0))
+    return ConfigError(c, "loss weights must be positive, got distogram_weight " +
+                              std::to_string(c.distogram_weight) + ", masked_msa_weight " +
+                              std::to_string(c.masked_msa_weight));
   if (c.batch != 1)
     return ConfigError(c, "batch must be 1 (one sample per dp rank, as AlphaFold and FastFold "
                           "train; use dp for more), got " + std::to_string(c.batch));
@@ -959,6 +1046,10 @@ int64_t EvoformerBlockParameterCount(const EvoformerConfig& c) {
   const int64_t tri_att = 2 * cz + 4 * cz * tri_w + cz * c.tri_heads + tri_w * cz;
   const int64_t pair_transition = 2 * cz + 2 * t * cz * cz;
   return row + col + msa_transition + opm + 2 * tri_mul + 2 * tri_att + pair_transition;
+}
+
+int64_t EvoformerHeadParameterCount(const EvoformerConfig& c) {
+  return int64_t{c.c_z} * c.distogram_bins + int64_t{c.c_m} * c.msa_classes;
 }
 
 Result<Program> LowerEvoformer(const EvoformerConfig& config, int dp, int dap) {

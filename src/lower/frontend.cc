@@ -13,9 +13,14 @@ Result<Program> LowerModelPlan(const std::string& model, const std::string& plan
   if (!plan.ok()) return plan.status();
   const std::vector<std::string> evo = EvoformerPresetNames();
   if (std::find(evo.begin(), evo.end(), model) != evo.end()) {
-    if (plan->tp != 1 || plan->pp != 1 || plan->ep != 1 || plan->sp || plan->zero != 0 || plan->microbatches != 1)
+    if (plan->tp != 1 || plan->pp != 1 || plan->ep != 1 || plan->sp || plan->zero != 0 || plan->microbatches != 1 ||
+        plan->vstages != 1)
       return Status::Error("plan '" + plan_text + "' for model '" + model +
                            "': the Evoformer frontend takes dp and dap only (e.g. dp=4,dap=8)");
+    if (!plan->order.empty())
+      return Status::Error("plan '" + plan_text + "' for model '" + model +
+                           "': key 'order' is not supported by the Evoformer frontend (its mesh is "
+                           "{dp, dap}, dap innermost)");
     Result<EvoformerConfig> config = EvoformerPreset(model);
     if (!config.ok()) return config.status();
     return LowerEvoformer(*config, plan->dp, plan->dap);

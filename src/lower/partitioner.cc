@@ -43,8 +43,10 @@ std::string ToText(const Spec& s) {
     for (size_t i = 0; i < s.dims[d].axes.size(); ++i) out += (i ? ", " : "") + s.dims[d].axes[i];
     if (!s.dims[d].segments.empty()) {
       out += " segments ";
-      for (size_t i = 0; i < s.dims[d].segments.size(); ++i)
-        out += (i ? "," : "") + std::to_string(s.dims[d].segments[i]);
+      for (size_t i = 0; i < s.dims[d].segments.size(); ++i) {
+        if (i) out += ",";
+        out += std::to_string(s.dims[d].segments[i]);
+      }
     }
     out += "]";
   }

@@ -4,6 +4,8 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
+#include <cassert>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -22,7 +24,7 @@ namespace {
 /// Largest accepted degree (keeps products of degrees far from overflow).
 constexpr int kMaxDegree = 1 << 20;
 
-constexpr const char* kKnownKeys = "dp, tp, pp, ep, sp, zero, microbatches, dap";
+constexpr const char* kKnownKeys = "dp, tp, pp, ep, sp, zero, microbatches, dap, vstages, order";
 
 /// `text` without leading and trailing spaces and tabs.
 std::string Trim(const std::string& text) {
@@ -30,6 +32,27 @@ std::string Trim(const std::string& text) {
   if (first == std::string::npos) return "";
   const size_t last = text.find_last_not_of(" \t");
   return text.substr(first, last - first + 1);
+}
+
+/// The default order of the plan's mesh axes, innermost first: tp, dp, pp.
+const std::vector<std::string>& DefaultOrder() {
+  static const std::vector<std::string> order = {"tp", "dp", "pp"};
+  return order;
+}
+
+/// `order` as written in plan text: the axes joined by '-'.
+std::string JoinOrder(const std::vector<std::string>& order) {
+  std::string s;
+  for (const std::string& axis : order) s += (s.empty() ? "" : "-") + axis;
+  return s;
+}
+
+/// The effective order of `plan` (innermost first): its `order`, or the
+/// default, without pp when pp = 1.
+std::vector<std::string> EffectiveOrder(const ParallelPlan& plan) {
+  std::vector<std::string> order = plan.order.empty() ? DefaultOrder() : plan.order;
+  if (plan.pp == 1) order.erase(std::remove(order.begin(), order.end(), "pp"), order.end());
+  return order;
 }
 
 /// The items of a comma-separated list, trimmed, empty ones dropped.
@@ -57,6 +80,11 @@ class PlanParser {
     if (plan_.sp && plan_.tp <= 1)
       return Error("sp (sequence parallelism) shards over the tp group and needs tp > 1, got tp=" +
                    std::to_string(plan_.tp));
+    Status order = CheckAxisOrder(plan_);
+    if (!order.ok()) return Error(order.message());
+    ParallelPlan default_order = plan_;
+    default_order.order.clear();
+    if (EffectiveOrder(plan_) == EffectiveOrder(default_order)) plan_.order.clear();
     return plan_;
   }
 
@@ -80,6 +108,7 @@ class PlanParser {
       return ItemError(item, "unknown key '" + key + "' (known: " + std::string(kKnownKeys) + ")");
     if (!seen_.insert(key).second) return ItemError(item, "key '" + key + "' is given twice");
     if (key == "sp") return ParseFlag(item, key, has_value, value);
+    if (key == "order") return ParseOrder(item, has_value, value);
     if (!has_value) return ItemError(item, "'" + key + "' needs a value (" + key + "=N)");
     if (key == "zero") return ParseInt(item, key, value, 0, 3, &plan_.zero);
     return ParseInt(item, key, value, 1, kMaxDegree, IntField(key));
@@ -87,8 +116,9 @@ class PlanParser {
 
   /// Whether `key` is a plan key.
   static bool IsKnown(const std::string& key) {
-    static const std::set<std::string> kKeys = {"dp",   "tp",           "pp",  "ep",
-                                                "sp",   "zero",         "dap", "microbatches"};
+    static const std::set<std::string> kKeys = {"dp",   "tp",  "pp",           "ep",
+                                                "sp",   "zero", "dap", "microbatches",
+                                                "vstages", "order"};
     return kKeys.count(key) > 0;
   }
 
@@ -99,7 +129,22 @@ class PlanParser {
     if (key == "tp") return &plan_.tp;
     if (key == "pp") return &plan_.pp;
     if (key == "ep") return &plan_.ep;
+    if (key == "vstages") return &plan_.vstages;
     return &plan_.microbatches;
+  }
+
+  /// "order=a-b-c": mesh axes innermost first (checked once every item is read).
+  Status ParseOrder(const std::string& item, bool has_value, const std::string& value) {
+    if (!has_value || value.empty())
+      return ItemError(item, "'order' needs the mesh axes innermost first, e.g. order=dp-tp-pp");
+    size_t pos = 0;
+    while (pos <= value.size()) {
+      size_t dash = value.find('-', pos);
+      if (dash == std::string::npos) dash = value.size();
+      plan_.order.push_back(Trim(value.substr(pos, dash - pos)));
+      pos = dash + 1;
+    }
+    return Status::Ok();
   }
 
   /// A flag: bare ("sp"), or "=1" / "=0".
@@ -183,6 +228,9 @@ class PlanChecker {
     CONCERTO_RETURN_IF_ERROR(AtLeast("pp", p_.pp, 1));
     CONCERTO_RETURN_IF_ERROR(AtLeast("ep", p_.ep, 1));
     CONCERTO_RETURN_IF_ERROR(AtLeast("microbatches", p_.microbatches, 1));
+    CONCERTO_RETURN_IF_ERROR(AtLeast("vstages", p_.vstages, 1));
+    Status order = CheckAxisOrder(p_);
+    if (!order.ok()) return Fail(order.message());
     if (p_.zero < 0 || p_.zero > 3)
       return Fail("zero must be 0, 1, 2 or 3, got " + std::to_string(p_.zero));
     if (p_.sp && p_.tp <= 1) return Fail("sp (sequence parallelism) needs tp > 1");
@@ -213,12 +261,25 @@ class PlanChecker {
     return Status::Ok();
   }
 
-  /// pp divides layers; 1F1B needs microbatches >= pp.
+  /// pp divides layers; 1F1B needs microbatches >= pp. Interleaved 1F1B
+  /// (vstages > 1) needs pp > 1, pp x vstages dividing layers and
+  /// microbatches a multiple of pp (Megatron's schedule runs them in groups
+  /// of pp).
   Status Pipeline() const {
     CONCERTO_RETURN_IF_ERROR(Divides("pp", p_.pp, "layers", m_.layers));
     if (p_.pp > 1 && p_.microbatches < p_.pp)
       return Fail("1F1B needs microbatches >= pp, got microbatches=" +
                   std::to_string(p_.microbatches) + " < pp=" + std::to_string(p_.pp));
+    if (p_.vstages == 1) return Status::Ok();
+    if (p_.pp == 1)
+      return Fail("vstages (" + std::to_string(p_.vstages) +
+                  ", interleaved 1F1B) needs pipeline stages, got pp=1");
+    CONCERTO_RETURN_IF_ERROR(
+        Divides("pp x vstages", int64_t{p_.pp} * p_.vstages, "layers", m_.layers));
+    if (p_.microbatches % p_.pp != 0)
+      return Fail("interleaved 1F1B (vstages=" + std::to_string(p_.vstages) +
+                  ") needs microbatches to be a multiple of pp, got microbatches=" +
+                  std::to_string(p_.microbatches) + " with pp=" + std::to_string(p_.pp));
     return Status::Ok();
   }
 
@@ -271,13 +332,58 @@ Result<ParallelPlan> ParsePlan(const std::string& text) { return PlanParser(text
 
 std::string PlanToString(const ParallelPlan& plan) {
   std::string s = "dp=" + std::to_string(plan.dp) + ",tp=" + std::to_string(plan.tp);
+  // (vstages and order come last so that older canonical strings are unchanged.)
   if (plan.pp != 1) s += ",pp=" + std::to_string(plan.pp);
   if (plan.ep != 1) s += ",ep=" + std::to_string(plan.ep);
   if (plan.sp) s += ",sp";
   if (plan.zero != 0) s += ",zero=" + std::to_string(plan.zero);
   if (plan.microbatches != 1) s += ",microbatches=" + std::to_string(plan.microbatches);
   if (plan.dap != 1) s += ",dap=" + std::to_string(plan.dap);
+  if (plan.vstages != 1) s += ",vstages=" + std::to_string(plan.vstages);
+  if (!plan.order.empty()) s += ",order=" + JoinOrder(plan.order);
   return s;
+}
+
+Status CheckAxisOrder(const ParallelPlan& plan) {
+  if (plan.order.empty()) return Status::Ok();
+  const std::string written = "order '" + JoinOrder(plan.order) + "'";
+  std::set<std::string> seen;
+  for (const std::string& axis : plan.order) {
+    if (axis == "ep")
+      return Status::Error(written + ": ep is not placed on its own; it always sits right inside "
+                                     "dp (list tp, dp and pp, innermost first)");
+    if (axis != "tp" && axis != "dp" && axis != "pp")
+      return Status::Error(written + ": unknown axis '" + axis +
+                           "' (list tp, dp and pp joined by '-', innermost first, e.g. "
+                           "order=dp-tp-pp)");
+    if (!seen.insert(axis).second)
+      return Status::Error(written + ": axis '" + axis + "' is listed twice");
+  }
+  for (const char* axis : {"tp", "dp"})
+    if (!seen.count(axis))
+      return Status::Error(written + ": must list " + std::string(axis) +
+                           " (every axis, innermost first, e.g. order=dp-tp-pp)");
+  if (plan.pp > 1 && !seen.count("pp"))
+    return Status::Error(written + ": must list pp when pp > 1 (e.g. order=dp-tp-pp)");
+  return Status::Ok();
+}
+
+std::vector<MeshAxis> PlanMeshAxes(const ParallelPlan& plan) {
+  assert(CheckAxisOrder(plan).ok());
+  std::vector<MeshAxis> inner_first;
+  for (const std::string& axis : EffectiveOrder(plan)) {
+    if (axis == "tp") {
+      inner_first.push_back({"tp", plan.tp});
+    } else if (axis == "pp") {
+      inner_first.push_back({"pp", plan.pp});
+    } else if (plan.ep > 1) {  // dp: {dp: dp/ep, ep}, ep inside
+      inner_first.push_back({"ep", plan.ep});
+      inner_first.push_back({"dp", plan.dp / plan.ep});
+    } else {
+      inner_first.push_back({"dp", plan.dp});
+    }
+  }
+  return std::vector<MeshAxis>(inner_first.rbegin(), inner_first.rend());
 }
 
 Status ValidatePlan(const ModelConfig& model, const ParallelPlan& plan, int world_size) {
@@ -316,12 +422,22 @@ Result<ParallelPlan> ParsePlanFile(const std::string& text, const std::string& s
     return Status::Error(source + ": line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
   }
   if (!root.IsMap()) return Status::Error(source + ": expected a map of plan keys (dp, tp, pp, ...)");
-  static const std::set<std::string> kIntegers = {"dp", "tp", "pp", "ep", "zero", "microbatches", "dap"};
+  static const std::set<std::string> kIntegers = {"dp",           "tp",  "pp",     "ep", "zero",
+                                                  "microbatches", "dap", "vstages"};
   std::string text_plan;
   for (const auto& item : root) {
     const std::string key = item.first.as<std::string>();
     const YAML::Node& value = item.second;
     const std::string where = source + ": key '" + key + "'";
+    if (key == "order" && value.IsSequence()) {  // [dp, tp, pp]
+      std::string axes;
+      for (const auto& axis : value) {
+        if (!axis.IsScalar()) return Status::Error(where + ": expected a list of axis names");
+        axes += (axes.empty() ? "" : "-") + axis.Scalar();
+      }
+      text_plan += (text_plan.empty() ? "" : ",") + ("order=" + axes);
+      continue;
+    }
     if (!value.IsScalar()) return Status::Error(where + ": expected a scalar value");
     const std::string v = value.Scalar();
     std::string entry;
@@ -329,6 +445,10 @@ Result<ParallelPlan> ParsePlanFile(const std::string& text, const std::string& s
       if (v == "true" || v == "1") entry = "sp=1";
       else if (v == "false" || v == "0") entry = "sp=0";
       else return Status::Error(where + ": expected true or false, got '" + v + "'");
+    } else if (key == "order") {
+      if (v.find(',') != std::string::npos)
+        return Status::Error(where + ": write the axes joined by '-' (dp-tp-pp) or as a list");
+      entry = "order=" + v;
     } else if (kIntegers.count(key)) {
       int64_t n = 0;
       auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
@@ -336,7 +456,7 @@ Result<ParallelPlan> ParsePlanFile(const std::string& text, const std::string& s
         return Status::Error(where + ": expected a non-negative integer, got '" + v + "'");
       entry = key + "=" + v;
     } else {
-      return Status::Error(where + ": unknown key (known: dp, tp, pp, ep, sp, zero, microbatches, dap)");
+      return Status::Error(where + ": unknown key (known: " + std::string(kKnownKeys) + ")");
     }
     text_plan += (text_plan.empty() ? "" : ",") + entry;
   }

@@ -1,7 +1,7 @@
 // Decoder transformers (GPT, LLaMA, and LLaMA blocks with a mixture of
 // experts) lowered for dp (plain or ZeRO 1/2/3), Megatron tp and sequence
 // parallelism, gradient accumulation over micro-batches, 1F1B pipeline
-// stages and expert parallelism (all-to-all dispatch and combine). The op
+// stages (plain or interleaved) and expert parallelism (all-to-all dispatch and combine). The op
 // list, the collective and send/recv placement and the flop conventions are
 // in docs/workloads.md and docs/frontends.md ("MoE / ep").
 #include "concerto/lower/transformer.h"
@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cassert>
 #include <charconv>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -20,6 +21,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -481,28 +483,42 @@ struct MicrobatchActs {
   std::string head_table_grad;  // gpt without pp: the tied head's grad
 };
 
-/// The part of the model one pipeline stage runs: layers [first_layer,
-/// end_layer); stage 0 also the embedding, the last stage the final norm,
-/// the LM head and the loss.
+/// The part of the model one pipeline stage (pp rank) runs in one of its
+/// model chunks: layers [first_layer, end_layer) of virtual stage `vindex` =
+/// chunk * stages + index. Virtual stage 0 also runs the embedding, the last
+/// one the final norm, the LM head and the loss. Without interleaving
+/// (chunks = 1) the virtual stage is the stage.
 struct StageSpec {
   int index = 0;   // pp coordinate
   int stages = 1;  // pp
+  int chunk = 0;   // model chunk on this rank, 0..chunks-1
+  int chunks = 1;  // vstages
   int first_layer = 0;
   int end_layer = 0;
+  /// This rank holds the embedding (pp rank 0) / the LM head (the last pp rank).
   bool First() const { return index == 0; }
   bool Last() const { return index == stages - 1; }
+  /// The virtual stage index and whether this chunk runs the embedding / the loss.
+  int VirtualIndex() const { return chunk * stages + index; }
+  bool EmbedChunk() const { return VirtualIndex() == 0; }
+  bool HeadChunk() const { return VirtualIndex() == stages * chunks - 1; }
 };
 
-/// The stage of `index` among `stages` equal shares of the layers.
-StageSpec MakeStage(const ModelConfig& model, int index, int stages) {
-  const int per_stage = model.layers / stages;
-  return StageSpec{index, stages, index * per_stage, (index + 1) * per_stage};
+/// Chunk `chunk` of stage `index` among `stages` x `chunks` equal shares of
+/// the layers.
+StageSpec MakeStage(const ModelConfig& model, int index, int stages, int chunk = 0,
+                    int chunks = 1) {
+  const int per_chunk = model.layers / (stages * chunks);
+  const int vindex = chunk * stages + index;
+  return StageSpec{index, stages, chunk, chunks, vindex * per_chunk, (vindex + 1) * per_chunk};
 }
 
-/// One forward or backward pass of one micro-batch on one stage.
+/// One forward or backward pass of one micro-batch on one stage (in one of
+/// its model chunks).
 struct PipeStep {
   bool forward = true;
   int microbatch = 0;
+  int chunk = 0;
 };
 
 /// The 1F1B (PipeDream-Flush, Megatron non-interleaved) order of stage
@@ -522,6 +538,157 @@ std::vector<PipeStep> OneFOneB(int stage, int stages, int microbatches) {
   return order;
 }
 
+/// Megatron's interleaved 1F1B order of pp rank `stage` with `chunks` model
+/// chunks over `microbatches` (a multiple of `stages`): forward step k runs
+/// micro-batch (k / (stages*chunks)) * stages + k % stages in chunk
+/// (k / stages) % chunks; backward step k the same micro-batch in chunk
+/// chunks - 1 - (k / stages) % chunks. Warm-up: (stages - stage - 1) * 2 +
+/// (chunks - 1) * stages forwards (all of them when microbatches == stages),
+/// then one forward and one backward alternating, then the remaining
+/// backwards. Within a chunk, micro-batches run in order.
+std::vector<PipeStep> InterleavedOneFOneB(int stage, int stages, int chunks, int microbatches) {
+  assert(microbatches % stages == 0);
+  const int total = microbatches * chunks;
+  const int warmup = microbatches == stages
+                         ? total
+                         : std::min((stages - stage - 1) * 2 + (chunks - 1) * stages, total);
+  auto step = [&](int k, bool forward) {
+    const int group = k / (stages * chunks), in_group = k % (stages * chunks);
+    const int chunk = in_group / stages;
+    return PipeStep{forward, group * stages + in_group % stages,
+                    forward ? chunk : chunks - 1 - chunk};
+  };
+  std::vector<PipeStep> order;
+  order.reserve(2 * static_cast<size_t>(total));
+  for (int k = 0; k < warmup; ++k) order.push_back(step(k, true));
+  for (int k = 0; k < total - warmup; ++k) {
+    order.push_back(step(warmup + k, true));
+    order.push_back(step(k, false));
+  }
+  for (int k = total - warmup; k < total; ++k) order.push_back(step(k, false));
+  return order;
+}
+
+/// One pipeline message as a rank sees it under interleaving: a send of the
+/// output of (or a recv of the input to) this rank's pass of `microbatch`
+/// in `chunk` (forward: activations, tag 0; backward: their grads, tag 1),
+/// to or from the pp rank `offset` away.
+struct CommEvent {
+  bool send = false;
+  bool forward = true;
+  int microbatch = 0;
+  int chunk = 0;  // this rank's chunk that produced (send) or consumes (recv) it
+  int offset = 0;
+};
+
+/// The interleaved schedule of one pp rank: its passes, and the sends and
+/// recvs to emit before each pass (`before[i]`; `before[steps.size()]`
+/// after the last pass).
+struct InterleavedSchedule {
+  std::vector<PipeStep> steps;
+  std::vector<std::vector<CommEvent>> before;
+};
+
+/// A pipeline message of interleaved 1F1B: (forward, micro-batch, source
+/// virtual stage).
+using PipeMsg = std::tuple<bool, int, int>;
+
+/// The message pass `p` of rank `rank` reads, if any: a forward reads the
+/// previous virtual stage's activation, a backward the next one's gradient.
+std::optional<PipeMsg> PassInput(const PipeStep& p, int rank, int stages, int virtual_stages) {
+  const int vs = p.chunk * stages + rank;
+  if (p.forward) return vs > 0 ? std::optional<PipeMsg>(PipeMsg{true, p.microbatch, vs - 1}) : std::nullopt;
+  if (vs + 1 < virtual_stages) return PipeMsg{false, p.microbatch, vs + 1};
+  return std::nullopt;
+}
+
+/// Whether pass `p` of rank `rank` sends its output to another virtual stage.
+bool PassSends(const PipeStep& p, int rank, int stages, int virtual_stages) {
+  const int vs = p.chunk * stages + rank;
+  return p.forward ? vs + 1 < virtual_stages : vs > 0;
+}
+
+/// Every rank's passes timed with forward 1 and backward 2 units, sends
+/// buffered: `start[r][i]` is when pass i of rank r starts, `sent` when each
+/// message is sent (its producer's end).
+struct InterleavedTiming {
+  std::vector<std::vector<PipeStep>> orders;
+  std::vector<std::vector<int>> start;
+  std::map<PipeMsg, int> sent;
+};
+
+/// Times InterleavedOneFOneB on every rank (asserts that it completes).
+InterleavedTiming TimeInterleaved(int stages, int chunks, int microbatches) {
+  const int virtual_stages = stages * chunks;
+  InterleavedTiming t;
+  t.orders.resize(stages);
+  t.start.resize(stages);
+  for (int r = 0; r < stages; ++r) t.orders[r] = InterleavedOneFOneB(r, stages, chunks, microbatches);
+  std::vector<size_t> next(stages, 0);
+  std::vector<int> free_at(stages, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < stages; ++r) {
+      for (; next[r] < t.orders[r].size(); ++next[r], progress = true) {
+        const PipeStep& p = t.orders[r][next[r]];
+        const std::optional<PipeMsg> in = PassInput(p, r, stages, virtual_stages);
+        if (in && !t.sent.count(*in)) break;
+        const int begin = std::max(free_at[r], in ? t.sent[*in] : 0);
+        free_at[r] = begin + (p.forward ? 1 : 2);
+        t.start[r].push_back(begin);
+        if (PassSends(p, r, stages, virtual_stages))
+          t.sent[PipeMsg{p.forward, p.microbatch, p.chunk * stages + r}] = free_at[r];
+      }
+    }
+  }
+  for (int r = 0; r < stages; ++r) assert(next[r] == t.orders[r].size() && "interleaved 1F1B stuck");
+  return t;
+}
+
+/// Places the sends and recvs of interleaved 1F1B so that they cannot
+/// deadlock as rendezvous on one comm stream per rank. With every rank's
+/// passes timed (TimeInterleaved), each message gets the key (send time,
+/// direction, source virtual stage, micro-batch), a total order both of its
+/// ends agree on. Each rank lists its sends and recvs in key order: a send
+/// right after its pass, a recv after the last pass that starts before the
+/// message is sent (so before the pass that reads it). Processing messages
+/// in key order then never waits on a later one: a pass before a send or
+/// recv only reads messages with smaller keys. Virtual stage s = chunk * pp
+/// + rank sends forward to s + 1 (rank + 1, or from the last rank to rank 0
+/// for the next chunk: offset -(pp-1)) and backward to s - 1.
+InterleavedSchedule ScheduleInterleaved(int rank, int stages, int chunks, int microbatches) {
+  const int virtual_stages = stages * chunks;
+  InterleavedTiming t = TimeInterleaved(stages, chunks, microbatches);
+  using Key = std::tuple<int, int, int, int>;  // time, direction, source virtual stage, micro-batch
+  std::vector<std::pair<Key, CommEvent>> events;
+  const std::vector<PipeStep>& mine = t.orders[rank];
+  for (const PipeStep& p : mine) {
+    if (std::optional<PipeMsg> in = PassInput(p, rank, stages, virtual_stages)) {
+      const int src = std::get<2>(*in);
+      events.push_back({{t.sent[*in], p.forward ? 0 : 1, src, p.microbatch},
+                        {false, p.forward, p.microbatch, p.chunk, src % stages - rank}});
+    }
+    if (PassSends(p, rank, stages, virtual_stages)) {
+      const int vs = p.chunk * stages + rank, dst = p.forward ? vs + 1 : vs - 1;
+      events.push_back({{t.sent[PipeMsg{p.forward, p.microbatch, vs}], p.forward ? 0 : 1, vs,
+                         p.microbatch},
+                        {true, p.forward, p.microbatch, p.chunk, dst % stages - rank}});
+    }
+  }
+  std::sort(events.begin(), events.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  InterleavedSchedule schedule;
+  schedule.steps = mine;
+  schedule.before.resize(mine.size() + 1);
+  size_t e = 0;
+  for (size_t i = 0; i <= mine.size(); ++i) {
+    const int limit = i < mine.size() ? t.start[rank][i] : INT_MAX;
+    for (; e < events.size() && std::get<0>(events[e].first) <= limit; ++e)
+      schedule.before[i].push_back(events[e].second);
+  }
+  return schedule;
+}
+
 /// Lowers one training step of a decoder, or of one pipeline stage of it,
 /// into a graph.
 class TransformerLowering {
@@ -529,7 +696,8 @@ class TransformerLowering {
   TransformerLowering(const ModelConfig& model, const ParallelPlan& plan, const StageSpec& stage,
                       Graph* graph)
       : m_(model), plan_(plan), stage_(stage), b_(graph, plan.microbatches),
-        params_(&b_, plan, model.dtype), acts_(plan.microbatches) {
+        params_(&b_, plan, model.dtype),
+        acts_(static_cast<size_t>(plan.microbatches) * stage.chunks) {
     const int64_t head_dim = model.hidden / model.heads;
     d_.batch = model.batch;
     d_.seq = model.seq;
@@ -546,17 +714,23 @@ class TransformerLowering {
     d_.slots = model.batch * MoeCapacity(model);
   }
 
-  /// Emits the stage's forwards and backwards in 1F1B order, then the
-  /// cross-stage tied-gradient sum (gpt, pp > 1) and the optimizer. Without
-  /// pp and with one micro-batch: forward, backward, optimizer.
+  /// Emits the stage's forwards and backwards in 1F1B order (interleaved
+  /// when the stage has several model chunks), then the cross-stage
+  /// tied-gradient sum (gpt, pp > 1) and the optimizer. Without pp and with
+  /// one micro-batch: forward, backward, optimizer.
   void Build() {
-    const std::vector<PipeStep> order = OneFOneB(stage_.index, stage_.stages, plan_.microbatches);
-    for (size_t i = 0; i < order.size(); ++i) {
-      if (order[i].forward) {
-        Forward(order[i].microbatch);
-      } else {
-        const bool forward_next = i + 1 < order.size() && order[i + 1].forward;
-        Backward(order[i].microbatch, forward_next);
+    if (stage_.chunks > 1) {
+      BuildInterleaved();
+    } else {
+      const std::vector<PipeStep> order =
+          OneFOneB(stage_.index, stage_.stages, plan_.microbatches);
+      for (size_t i = 0; i < order.size(); ++i) {
+        if (order[i].forward) {
+          Forward(order[i].microbatch);
+        } else {
+          const bool forward_next = i + 1 < order.size() && order[i + 1].forward;
+          Backward(order[i].microbatch, forward_next);
+        }
       }
     }
     b_.SetMicrobatch(-1);
@@ -566,17 +740,75 @@ class TransformerLowering {
   }
 
  private:
+  /// Interleaved 1F1B (ScheduleInterleaved): each pass in its chunk, with
+  /// the sends and recvs the schedule places before it.
+  void BuildInterleaved() {
+    const InterleavedSchedule schedule = ScheduleInterleaved(
+        stage_.index, stage_.stages, stage_.chunks, plan_.microbatches);
+    for (size_t i = 0; i <= schedule.steps.size(); ++i) {
+      for (const CommEvent& e : schedule.before[i]) EmitCommEvent(e);
+      if (i == schedule.steps.size()) break;
+      const PipeStep& step = schedule.steps[i];
+      SetChunk(step.chunk);
+      if (step.forward) {
+        Forward(step.microbatch);
+      } else {
+        Backward(step.microbatch, false);
+      }
+    }
+    SetChunk(0);
+  }
+
+  /// Makes `chunk` the model chunk that the next passes run.
+  void SetChunk(int chunk) {
+    stage_ = MakeStage(m_, stage_.index, stage_.stages, chunk, stage_.chunks);
+  }
+
+  /// "pp.<what>", or "pp.chunk<c>.<what>" for chunk c under interleaving.
+  std::string P2PName(const std::string& what, int chunk) const {
+    return stage_.chunks > 1 ? "pp.chunk" + std::to_string(chunk) + "." + what : "pp." + what;
+  }
+
+  /// One send or recv of interleaved 1F1B: a send reads the output its pass
+  /// left in `outgoing_`; a recv declares the input its pass will read from
+  /// `incoming_`.
+  void EmitCommEvent(const CommEvent& e) {
+    const std::tuple<bool, int, int> key{e.forward, e.microbatch, e.chunk};
+    const std::string dir = e.forward ? "fwd" : "bwd";
+    const int tag = e.forward ? kTagActivation : kTagActivationGrad;
+    const Phase phase = e.forward ? Phase::kForward : Phase::kBackward;
+    std::string tensor;
+    if (e.send) {
+      tensor = outgoing_.at(key);
+    } else {
+      b_.SetMicrobatch(e.microbatch);
+      b_.SetLayer(-1);
+      tensor = ResidAct(P2PName(dir + ".recv.out", e.chunk));
+      incoming_[key] = tensor;
+    }
+    b_.AddP2P({e.send ? OpKind::kSend : OpKind::kRecv,
+               P2PName(dir + (e.send ? ".send" : ".recv"), e.chunk), tensor, e.offset, tag,
+               e.microbatch, phase, kPipeline});
+  }
+
   /// The forward of micro-batch `k`: the stage input (embedding, or a recv
   /// from the previous stage, after which a deferred activation-grad send
   /// goes out), the stage's blocks, then the loss or a send to the next stage.
+  /// Under interleaving the input comes from `incoming_` and the output goes
+  /// to `outgoing_` (EmitCommEvent places the recv and the send).
   void Forward(int k) {
     b_.SetMicrobatch(k);
     b_.SetPhase(Phase::kForward);
     DeclareInputs();
-    std::string x = stage_.First() ? EmbedForward() : RecvFromPrevious();
+    const std::tuple<bool, int, int> key{true, k, stage_.chunk};
+    std::string x = stage_.EmbedChunk() ? EmbedForward()
+                    : stage_.chunks > 1 ? incoming_.at(key)
+                                        : RecvFromPrevious();
     for (int l = stage_.first_layer; l < stage_.end_layer; ++l) x = BlockForward(l, x);
-    if (stage_.Last()) {
+    if (stage_.HeadChunk()) {
       LossForward(x);
+    } else if (stage_.chunks > 1) {
+      outgoing_[key] = x;
     } else {
       b_.AddP2P({OpKind::kSend, "pp.fwd.send", x, +1, kTagActivation, k, Phase::kForward,
                  kPipeline});
@@ -593,16 +825,21 @@ class TransformerLowering {
   void Backward(int k, bool defer_send) {
     b_.SetMicrobatch(k);
     b_.SetPhase(Phase::kBackward);
-    std::string dx = stage_.Last() ? LossBackward() : RecvFromNext(k);
+    const std::tuple<bool, int, int> key{false, k, stage_.chunk};
+    std::string dx = stage_.HeadChunk() ? LossBackward()
+                     : stage_.chunks > 1 ? incoming_.at(key)
+                                         : RecvFromNext(k);
     for (int l = stage_.end_layer - 1; l >= stage_.first_layer; --l) dx = BlockBackward(l, dx);
-    if (stage_.First()) {
+    if (stage_.EmbedChunk()) {
       EmbedBackward(dx);
+    } else if (stage_.chunks > 1) {
+      outgoing_[key] = dx;
     } else {
       pending_send_ = {OpKind::kSend, "pp.bwd.send", dx, -1, kTagActivationGrad, k,
                        Phase::kBackward, kPipeline};
       if (!defer_send) FlushPendingSend();
     }
-    acts_[k] = MicrobatchActs();  // its forward tensors are no longer read
+    Acts() = MicrobatchActs();  // its forward tensors are no longer read
   }
 
   /// Receives this micro-batch's stage input (the previous stage's last
@@ -672,8 +909,10 @@ class TransformerLowering {
     params_.FinishDeferred(table, sum);
   }
 
-  /// The forward tensors of the current micro-batch.
-  MicrobatchActs& Acts() { return acts_[b_.Microbatch()]; }
+  /// The forward tensors of the current micro-batch in the current chunk.
+  MicrobatchActs& Acts() {
+    return acts_[static_cast<size_t>(stage_.chunk) * plan_.microbatches + b_.Microbatch()];
+  }
 
  private:
   /// gpt family (else llama).
@@ -682,7 +921,12 @@ class TransformerLowering {
   // ---- tensors ------------------------------------------------------------
 
   /// "L<layer>.", the prefix of a block's op and tensor names.
-  static std::string LayerPrefix(int layer) { return "L" + std::to_string(layer) + "."; }
+  static std::string LayerPrefix(int layer) {
+    std::string prefix = "L";
+    prefix += std::to_string(layer);
+    prefix += '.';
+    return prefix;
+  }
   /// {"tp"} when tp > 1: the partial sum a row-parallel matmul leaves.
   Axes TpPartial() const { return plan_.tp > 1 ? Axes{"tp"} : Axes{}; }
 
@@ -864,9 +1108,10 @@ class TransformerLowering {
   /// this rank's sequence shard), labels [B, s] on the last stage.
   void DeclareInputs() {
     MicrobatchActs& acts = Acts();
-    if (stage_.First()) acts.tokens = TokenScalar("tokens", DType::kI32);
-    if (stage_.First() && Gpt()) acts.positions = TokenScalar("positions", DType::kI32, {}, true);
-    if (stage_.Last()) acts.labels = TokenScalar("labels", DType::kI32);
+    if (stage_.EmbedChunk()) acts.tokens = TokenScalar("tokens", DType::kI32);
+    if (stage_.EmbedChunk() && Gpt())
+      acts.positions = TokenScalar("positions", DType::kI32, {}, true);
+    if (stage_.HeadChunk()) acts.labels = TokenScalar("labels", DType::kI32);
   }
 
   /// An embedding lookup; its bytes count the gathered rows, not the table.
@@ -1420,8 +1665,11 @@ class TransformerLowering {
   MbBuilder b_;
   ParamStore params_;
   LocalDims d_;
-  std::vector<MicrobatchActs> acts_;  // by micro-batch
+  std::vector<MicrobatchActs> acts_;  // by chunk, then micro-batch
   P2P pending_send_;                  // an activation-grad send deferred past a recv
+  // Interleaved 1F1B: (forward, micro-batch, chunk) -> a pass's received
+  // input and its output waiting for its send.
+  std::map<std::tuple<bool, int, int>, std::string> incoming_, outgoing_;
 };
 
 /// "not implemented yet" for the plan features this frontend parses and
@@ -1435,7 +1683,7 @@ Status CheckImplemented(const ParallelPlan& plan) {
   return Status::Ok();
 }
 
-/// "<model>.dp4.tp8[.pp4][.sp][.zeroN][.mb8]".
+/// "<model>.dp4.tp8[.pp4][.ep2][.sp][.zeroN][.mb8][.vs2][.order-dp-tp-pp]".
 std::string ProgramName(const ModelConfig& model, const ParallelPlan& plan) {
   std::string name = model.name.empty() ? std::string(ToString(model.family)) : model.name;
   name += ".dp" + std::to_string(plan.dp) + ".tp" + std::to_string(plan.tp);
@@ -1444,6 +1692,11 @@ std::string ProgramName(const ModelConfig& model, const ParallelPlan& plan) {
   if (plan.sp) name += ".sp";
   if (plan.zero > 0) name += ".zero" + std::to_string(plan.zero);
   if (plan.microbatches > 1) name += ".mb" + std::to_string(plan.microbatches);
+  if (plan.vstages > 1) name += ".vs" + std::to_string(plan.vstages);
+  if (!plan.order.empty()) {
+    name += ".order";
+    for (const std::string& axis : plan.order) name += "-" + axis;
+  }
   return name;
 }
 
@@ -1453,7 +1706,8 @@ Graph LowerStage(const ModelConfig& model, const ParallelPlan& plan, int index,
   Graph graph;
   graph.name = name;
   graph.streams = {"compute", "comm"};
-  TransformerLowering(model, plan, MakeStage(model, index, plan.pp), &graph).Build();
+  TransformerLowering(model, plan, MakeStage(model, index, plan.pp, 0, plan.vstages), &graph)
+      .Build();
   return graph;
 }
 
@@ -1465,27 +1719,25 @@ Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& p
   CONCERTO_RETURN_IF_ERROR(CheckImplemented(plan));
   Program program;
   program.name = ProgramName(model, plan);
-  // With ep > 1 the data-parallel ranks are dp/ep replicas x ep experts groups.
-  std::vector<MeshAxis> data = {{"dp", plan.dp}};
-  if (plan.ep > 1) data = {{"dp", plan.dp / plan.ep}, {"ep", plan.ep}};
+  // {pp, dp, tp} by default, or as plan.order places them; with ep > 1 the
+  // data-parallel ranks are dp/ep replicas x ep experts groups.
+  program.mesh.axes = PlanMeshAxes(plan);
   if (plan.pp == 1) {
-    program.mesh.axes = data;
-    program.mesh.axes.push_back({"tp", plan.tp});
     program.graphs.push_back(LowerStage(model, plan, 0, "main"));
     Role role{"spmd", "main", {}};
     for (int r = 0; r < program.mesh.NumRanks(); ++r) role.ranks.push_back(r);
     program.roles.push_back(std::move(role));
     return program;
   }
-  program.mesh.axes = {{"pp", plan.pp}};
-  program.mesh.axes.insert(program.mesh.axes.end(), data.begin(), data.end());
-  program.mesh.axes.push_back({"tp", plan.tp});
-  const int stage_ranks = plan.dp * plan.tp;  // pp is outermost: a stage's ranks are contiguous
+  // Stage i's role holds the ranks whose pp coordinate is i (contiguous
+  // when pp is outermost, the default).
+  const int pp_axis = program.mesh.AxisIndex("pp");
   for (int i = 0; i < plan.pp; ++i) {
     const std::string name = "stage" + std::to_string(i);
     program.graphs.push_back(LowerStage(model, plan, i, name));
     Role role{name, name, {}};
-    for (int r = i * stage_ranks; r < (i + 1) * stage_ranks; ++r) role.ranks.push_back(r);
+    for (int r = 0; r < program.mesh.NumRanks(); ++r)
+      if (program.mesh.Coords(r)[pp_axis] == i) role.ranks.push_back(r);
     program.roles.push_back(std::move(role));
   }
   return program;

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -59,26 +60,40 @@ class RankExecutor {
   RankExecutor(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options)
       : sp_(sp), mesh_(sp.program.mesh), comm_(comm), options_(options), rank_(comm.rank()) {}
 
-  /// Prepares, runs every stream thread, and collects the results.
-  Result<RankRun> Run() {
+  /// Resolves role, graph and schedule, allocates and initialises every
+  /// tensor (once per session). On failure aborts the communicator.
+  Status Init() {
     Status prepared = Prepare();
-    if (!prepared.ok()) {
-      Fail(prepared);
-      return prepared;
-    }
+    if (!prepared.ok()) Fail(prepared);
+    return prepared;
+  }
+
+  /// One step on the buffers as they are: start barrier, every stream
+  /// thread, the records of this step. Graph inputs are never written by
+  /// an op and every op overwrites its outputs, so every step computes the
+  /// same values.
+  Result<std::vector<OpRecord>> Step() {
+    if (failed_) return Status::Error(error_);
+    std::fill(done_.begin(), done_.end(), 0);
+    records_.assign(graph_->ops.size(), OpRecord());
     Status synced = StartTogether();
     if (!synced.ok()) return synced;
     std::vector<std::thread> threads;
     for (size_t s = 0; s < stream_ops_.size(); ++s) threads.emplace_back([this, s] { StreamLoop(s); });
     for (std::thread& t : threads) t.join();
     if (failed_) return Status::Error(error_);
-    RankRun run;
-    for (const OpRecord& r : records_) run.records.push_back(r);
-    run.tensors.rank = rank_;
-    run.tensors.role = role_->name;
-    for (size_t t = 0; t < graph_->tensors.size(); ++t)
-      run.tensors.values.emplace(graph_->tensors[t].name, std::move(buffers_[t]));
-    return run;
+    return records_;
+  }
+
+  /// The tensors as they are now (copied, or moved out when `take`).
+  RankTensors Tensors(bool take) {
+    RankTensors t;
+    t.rank = rank_;
+    t.role = role_ ? role_->name : "";
+    if (!graph_) return t;
+    for (size_t i = 0; i < graph_->tensors.size() && i < buffers_.size(); ++i)
+      t.values.emplace(graph_->tensors[i].name, take ? std::move(buffers_[i]) : buffers_[i]);
+    return t;
   }
 
  private:
@@ -112,7 +127,6 @@ class RankExecutor {
       for (int id : order.op_ids) ops.push_back(index_.op.at(id));
     }
     done_.assign(graph_->ops.size(), 0);
-    records_.assign(graph_->ops.size(), OpRecord());
     return AllocateAndInit();
   }
 
@@ -137,6 +151,7 @@ class RankExecutor {
       const double start = Micros();
       Status st = Execute(op);
       const double end = Micros();
+      if (options_.after_op) options_.after_op(rank_, op_index, op, st.ok());
       if (!st.ok()) {
         Fail(Status::Error("rank " + std::to_string(rank_) + ": " + OpLabel(op) + ": " + st.message()));
         return;
@@ -423,8 +438,44 @@ Status CheckRunnable(const ScheduledProgram& sp) {
   return Status::Ok();
 }
 
+class RankSession::Impl {
+ public:
+  Impl(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options) : exec(sp, comm, options) {}
+  RankExecutor exec;
+  bool taken = false;
+};
+
+RankSession::RankSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+RankSession::~RankSession() = default;
+
+Result<std::unique_ptr<RankSession>> RankSession::Create(const ScheduledProgram& sp, Communicator& comm,
+                                                         const RunOptions& options) {
+  auto impl = std::make_unique<Impl>(sp, comm, options);
+  CONCERTO_RETURN_IF_ERROR(impl->exec.Init());
+  return std::unique_ptr<RankSession>(new RankSession(std::move(impl)));
+}
+
+Result<std::vector<OpRecord>> RankSession::Step() {
+  assert(!impl_->taken && "RankSession::Step after TakeTensors");
+  return impl_->exec.Step();
+}
+
+RankTensors RankSession::Tensors() const { return impl_->exec.Tensors(false); }
+
+RankTensors RankSession::TakeTensors() {
+  impl_->taken = true;
+  return impl_->exec.Tensors(true);
+}
+
 Result<RankRun> RunRank(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options) {
-  return RankExecutor(sp, comm, options).Run();
+  Result<std::unique_ptr<RankSession>> session = RankSession::Create(sp, comm, options);
+  if (!session.ok()) return session.status();
+  Result<std::vector<OpRecord>> records = (*session)->Step();
+  if (!records.ok()) return records.status();
+  RankRun run;
+  run.records = std::move(records).value();
+  run.tensors = (*session)->TakeTensors();
+  return run;
 }
 
 Timeline MakeMeasuredTimeline(const Program& program,
@@ -447,27 +498,55 @@ Timeline MakeMeasuredTimeline(const Program& program,
 }
 
 Result<RunResult> RunInProcess(const ScheduledProgram& sp, const RunOptions& options) {
+  return RunInProcessSteps(sp, options, 1);
+}
+
+Result<RunResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions& options, int steps,
+                                    std::vector<std::vector<std::vector<OpRecord>>>* per_step) {
+  if (steps < 1) return Status::Error("steps must be at least 1, got " + std::to_string(steps));
   CONCERTO_RETURN_IF_ERROR(CheckRunnable(sp));
   SetBlasThreads(options.blas_threads);
   const int n = sp.program.mesh.NumRanks();
   FakeWorldOptions world_options;
   world_options.timeout_s = options.timeout_s;
   FakeWorld world(n, world_options);
-  std::vector<Result<RankRun>> results(n, Status::Error("rank did not run"));
+  // Per rank: every step's records, and the tensors after the first step.
+  std::vector<Status> status(n, Status::Ok());
+  std::vector<std::vector<std::vector<OpRecord>>> records(n);
+  std::vector<RankTensors> tensors(n);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] { results[r] = RunRank(sp, world.endpoint(r), options); });
+    threads.emplace_back([&, r] {
+      Result<std::unique_ptr<RankSession>> session = RankSession::Create(sp, world.endpoint(r), options);
+      if (!session.ok()) {
+        status[r] = session.status();
+        return;
+      }
+      for (int i = 0; i < steps; ++i) {
+        Result<std::vector<OpRecord>> step = (*session)->Step();
+        if (!step.ok()) {
+          status[r] = step.status();
+          return;
+        }
+        records[r].push_back(std::move(step).value());
+        if (i == 0) tensors[r] = steps == 1 ? (*session)->TakeTensors() : (*session)->Tensors();
+      }
+    });
   for (std::thread& t : threads) t.join();
   const std::string reason = world.abort_reason();
   if (!reason.empty()) return Status::Error(reason);
+  for (int r = 0; r < n; ++r)
+    if (!status[r].ok()) return status[r];
   RunResult out;
-  std::vector<std::vector<OpRecord>> records(n);
-  for (int r = 0; r < n; ++r) {
-    if (!results[r].ok()) return results[r].status();
-    records[r] = std::move(results[r].value().records);
-    out.ranks.push_back(std::move(results[r].value().tensors));
+  out.ranks = std::move(tensors);
+  std::vector<std::vector<OpRecord>> last(n);
+  for (int r = 0; r < n; ++r) last[r] = records[r].back();
+  out.timeline = MakeMeasuredTimeline(sp.program, last);
+  if (per_step) {
+    per_step->assign(steps, std::vector<std::vector<OpRecord>>(n));
+    for (int i = 0; i < steps; ++i)
+      for (int r = 0; r < n; ++r) (*per_step)[i][r] = std::move(records[r][i]);
   }
-  out.timeline = MakeMeasuredTimeline(sp.program, records);
   return out;
 }
 

@@ -124,6 +124,110 @@ float FloatValue(const std::string& key, uint64_t base, int64_t g) {
   return static_cast<float>(0.05 * u);
 }
 
+// ---- constant inputs (the Evoformer frontend, docs/evoformer.md) -------------
+
+/// Whether `s` starts with `prefix`.
+bool StartsWith(const std::string& s, const std::string& prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+/// "16x256x8" -> {16, 256, 8}; empty when `s` is not such a list.
+std::vector<int64_t> ParseDims(const std::string& s) {
+  std::vector<int64_t> dims;
+  int64_t d = -1;
+  for (char c : s + "x") {
+    if (c >= '0' && c <= '9') {
+      d = (d < 0 ? 0 : d * 10) + (c - '0');
+      if (d > (int64_t{1} << 40)) return {};
+    } else if (c == 'x' && d > 0) {
+      dims.push_back(d);
+      d = -1;
+    } else {
+      return {};
+    }
+  }
+  return dims;
+}
+
+/// The local row ids of a permutation gather's constant index input
+/// `const.perm.<in>.p<perm>.i<ids>[.s<d>]`: arange(rows).reshape(rows_shape)
+/// .transpose(perm') flattened, where rows_shape is <in> without its last
+/// dim when that dim stays last (perm' = perm without its last entry), else
+/// <in> (perm' = perm). An error naming the tensor when the name does not
+/// parse or its sizes do not fit the tensor.
+Result<std::vector<int64_t>> PermutationRows(const Tensor& t) {
+  auto bad = [&](const std::string& why) {
+    return Status::Error("tensor '" + t.name + "': constant permutation input: " + why +
+                         " (expected const.perm.<in dims>.p<perm digits>.i<ids dims>[.s<dim>], "
+                         "docs/evoformer.md)");
+  };
+  std::vector<std::string> parts;
+  size_t start = std::string("const.perm.").size();
+  for (size_t dot; (dot = t.name.find('.', start)) != std::string::npos; start = dot + 1)
+    parts.push_back(t.name.substr(start, dot - start));
+  parts.push_back(t.name.substr(start));
+  if (parts.size() < 3 || parts[1].size() < 2 || parts[1][0] != 'p' || parts[2].size() < 2 ||
+      parts[2][0] != 'i')
+    return bad("malformed name");
+  const std::vector<int64_t> in = ParseDims(parts[0]);
+  const std::vector<int64_t> ids = ParseDims(parts[2].substr(1));
+  if (in.empty() || ids.empty()) return bad("malformed dims");
+  std::vector<int> perm;
+  for (char c : parts[1].substr(1)) perm.push_back(c - '0');
+  std::vector<int> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t k = 0; k < sorted.size(); ++k)
+    if (sorted[k] != static_cast<int>(k)) return bad("p" + parts[1].substr(1) + " is not a permutation");
+  if (perm.size() != in.size()) return bad("the permutation and <in> differ in rank");
+  std::vector<int64_t> rows_shape = in;
+  if (perm.back() == static_cast<int>(in.size()) - 1) {
+    rows_shape.pop_back();
+    perm.pop_back();
+  }
+  int64_t rows = 1, id_count = 1;
+  for (int64_t d : rows_shape) rows *= d;
+  for (int64_t d : ids) id_count *= d;
+  if (id_count != rows || ids != t.shape)
+    return bad("<ids> must be the tensor's local shape and hold one id per row of <in>");
+  std::vector<int64_t> stride(rows_shape.size(), 1);
+  for (size_t d = rows_shape.size(); d-- > 1;) stride[d - 1] = stride[d] * rows_shape[d];
+  std::vector<int64_t> out(rows), coord(perm.size(), 0);  // coord over the transposed shape
+  for (int64_t i = 0; i < rows; ++i) {
+    int64_t row = 0;
+    for (size_t k = 0; k < perm.size(); ++k) row += coord[k] * stride[perm[k]];
+    out[i] = row;
+    for (size_t k = perm.size(); k-- > 0;) {
+      if (++coord[k] < rows_shape[perm[k]]) break;
+      coord[k] = 0;
+    }
+  }
+  return out;
+}
+
+/// The first global table row (`row0`) of the embedding gathers that read
+/// constant ids `ti` on `rank`; they must all agree.
+Result<int64_t> GatherRow0(const Graph& graph, const GraphIndex& index, int ti, const Mesh& mesh,
+                           int rank) {
+  const std::string& name = graph.tensors[ti].name;
+  int64_t row0 = -1;
+  for (int c : index.consumers[ti]) {
+    const Op& op = graph.ops[c];
+    if (op.kind != OpKind::kCompute || op.compute_type != ComputeType::kEmbedding ||
+        op.inputs.size() < 2 || op.inputs[1] != name)
+      continue;
+    const int64_t r = ShardOffset(graph.tensors[index.tensor.at(op.inputs[0])], 0, mesh, rank);
+    if (row0 >= 0 && r != row0)
+      return Status::Error("tensor '" + name + "': its embedding gathers read tables that start "
+                           "at different global rows (" + std::to_string(row0) + " and " +
+                           std::to_string(r) + ")");
+    row0 = r;
+  }
+  if (row0 < 0)
+    return Status::Error("tensor '" + name + "': constant permutation input without an embedding "
+                         "consumer");
+  return row0;
+}
+
 }  // namespace
 
 std::string InitKey(const std::string& tensor_name) {
@@ -179,6 +283,19 @@ Status FillGraphInput(const Graph& graph, const GraphIndex& index, int tensor_in
   if (!indices.ok()) return indices.status();
   const std::vector<int64_t>& g = indices.value();
   const uint64_t base = Mix(options.seed) ^ HashString(key);
+  // Constants of the Evoformer frontend (docs/evoformer.md, "Constant inputs").
+  if (StartsWith(key, "const.ones.")) {
+    std::fill(out, out + g.size(), 1.0f);
+    return Status::Ok();
+  }
+  if (StartsWith(key, "const.perm.")) {
+    Result<std::vector<int64_t>> rows = PermutationRows(t);
+    if (!rows.ok()) return Status::Error("graph '" + graph.name + "': " + rows.status().message());
+    Result<int64_t> row0 = GatherRow0(graph, index, tensor_index, mesh, rank);
+    if (!row0.ok()) return Status::Error("graph '" + graph.name + "': " + row0.status().message());
+    for (size_t i = 0; i < rows->size(); ++i) out[i] = static_cast<float>(*row0 + (*rows)[i]);
+    return Status::Ok();
+  }
   if (t.dtype != DType::kI32 && t.dtype != DType::kI64) {
     for (size_t i = 0; i < g.size(); ++i) out[i] = FloatValue(key, base, g[i]);
     return Status::Ok();

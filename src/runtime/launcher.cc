@@ -62,6 +62,7 @@ std::vector<std::string> WorkerArgs(const WorkerRequest& r) {
   a.insert(a.end(), {"--timeout", timeout});
   if (!r.fail_op.empty()) a.insert(a.end(), {"--fail-op", r.fail_op, "--fail-rank", std::to_string(r.fail_rank)});
   if (!r.kill_op.empty()) a.insert(a.end(), {"--kill-op", r.kill_op, "--kill-rank", std::to_string(r.kill_rank)});
+  if (!r.status_dir.empty()) a.insert(a.end(), {"--status-dir", r.status_dir});
   return a;
 }
 

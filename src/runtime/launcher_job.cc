@@ -175,10 +175,10 @@ Result<MeasuredJob> RunLocalJob(const ScheduledProgram& sp, const LocalJobOption
   options->timeout_s = local.timeout_s;
   options->fail_op = local.fail_op;
   options->fail_rank = local.fail_rank;
-  RunResult last;
-  Result<MeasuredJob> job = RunJobInProcess(sp, *options, local.iterations, local.warmup, &last);
+  RunResult first;
+  Result<MeasuredJob> job = RunJobInProcess(sp, *options, local.iterations, local.warmup, &first);
   if (!job.ok() || !local.check) return job;
-  Result<std::string> check = CheckAgainstReference(local.model, local.plan, sp, last, *options);
+  Result<std::string> check = CheckAgainstReference(local.model, local.plan, sp, first, *options);
   if (!check.ok()) return Status::Error("check failed: " + check.status().message());
   job->check = *check;
   return job;
@@ -197,19 +197,17 @@ Result<RunOptions> JobRunOptions(const std::string& model) {
 }
 
 Result<MeasuredJob> RunJobInProcess(const ScheduledProgram& sp, const RunOptions& options, int iterations,
-                                    int warmup, RunResult* last) {
+                                    int warmup, RunResult* first) {
   if (iterations < 1) return Status::Error("--iterations must be at least 1");
   if (warmup < 0) return Status::Error("--warmup must be at least 0");
-  std::vector<std::vector<std::vector<OpRecord>>> measured;
-  for (int i = 0; i < warmup + iterations; ++i) {
-    Result<RunResult> run = RunInProcess(sp, options);
-    if (!run.ok()) return run.status();
-    if (i < warmup) continue;
-    std::vector<std::vector<OpRecord>> per_rank(sp.program.mesh.NumRanks());
-    for (const OpRecord& r : run->timeline.records) per_rank[r.rank].push_back(r);
-    measured.push_back(std::move(per_rank));
-    if (last && i + 1 == warmup + iterations) *last = std::move(run).value();
-  }
+  // Buffers are allocated and initialised once; every step computes the
+  // same values, and `first` gets the tensors after the first step.
+  std::vector<std::vector<std::vector<OpRecord>>> steps;
+  Result<RunResult> run = RunInProcessSteps(sp, options, warmup + iterations, &steps);
+  if (!run.ok()) return run.status();
+  std::vector<std::vector<std::vector<OpRecord>>> measured(std::make_move_iterator(steps.begin() + warmup),
+                                                           std::make_move_iterator(steps.end()));
+  if (first) *first = std::move(run).value();
   return SummarizeMeasuredJob(sp.program, measured, warmup);
 }
 
@@ -218,7 +216,7 @@ Result<std::string> CheckAgainstReference(const std::string& model_name, const s
                                           const RunOptions& options) {
   Result<ModelConfig> model = LoadModel(model_name);
   if (!model.ok()) return Status::Error("--check needs a decoder model (" + model.status().message() + ")");
-  Result<ParallelPlan> plan = ParsePlan(plan_text);
+  Result<ParallelPlan> plan = LoadPlan(plan_text);  // a plan string or a plan file
   if (!plan.ok()) return plan.status();
   ModelConfig ref_model = *model;
   ref_model.batch = model->batch * plan->dp;
@@ -235,6 +233,7 @@ Result<std::string> CheckAgainstReference(const std::string& model_name, const s
   ref_options.fail_op.clear();
   ref_options.fail_rank = -1;
   ref_options.before_op = nullptr;
+  ref_options.after_op = nullptr;
   Result<RunResult> ref_run = RunInProcess(*ref_sp, ref_options);
   if (!ref_run.ok()) return Status::Error("reference run: " + ref_run.status().message());
   Result<ReferenceReport> report =

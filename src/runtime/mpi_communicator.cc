@@ -237,6 +237,8 @@ Status MpiCommunicator::CreateGroups(const std::vector<std::vector<int>>& groups
   return Status::Ok();
 }
 
+void MpiCommunicator::SetTimeout(double timeout_s) { impl_->options.timeout_s = timeout_s; }
+
 int MpiCommunicator::rank() const { return impl_->rank; }
 int MpiCommunicator::size() const { return impl_->size; }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cassert>
 #include <chrono>
 #include <climits>
@@ -162,6 +163,7 @@ bool IsStreamingKernel(ComputeType t) {
 
 Result<std::vector<KernelSample>> ProfileKernels(const Program& program, const ClusterSpec& cluster,
                                                  const KernelProfileOptions& options) {
+  SetBlasThreads(1);  // as in a run: one OpenBLAS thread per rank
   std::vector<KernelSample> out;
   std::set<std::string> seen;
   for (const Role& role : program.roles) {
@@ -409,12 +411,17 @@ Result<LinearFit> FitLine(const std::vector<double>& x, const std::vector<double
 
 Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& samples) {
   // Large: >= 1 MiB, or the largest size measured when that is smaller;
-  // small: <= 64 KiB, or the smallest size measured when that is larger.
+  // small: <= 4 KiB, or the smallest size measured when that is larger.
+  // Only the smallest messages fix alpha: on a tbf-shaped link a message
+  // smaller than the token bucket passes at memory speed while two
+  // simultaneous 64 KiB messages overflow it, so the mid sizes' remainder
+  // measures the bucket (0.1-3.6 ms per step in one trial), not the
+  // latency (docs/runtime.md, "Profiling").
   int64_t min_bytes = INT64_MAX, max_bytes = 0;
   for (const CollectiveSample& s : samples)
     if (s.time_us > 0 && s.spec.group_size >= 2)
       min_bytes = std::min(min_bytes, s.spec.bytes), max_bytes = std::max(max_bytes, s.spec.bytes);
-  const int64_t kSmallBytes = std::max<int64_t>(64 << 10, min_bytes);
+  const int64_t kSmallBytes = std::max<int64_t>(4 << 10, min_bytes);
   const int64_t kLargeBytes = std::min<int64_t>(1 << 20, max_bytes);
   std::vector<const CollectiveSample*> small, large, large_all_reduce;
   for (const CollectiveSample& s : samples) {
@@ -431,7 +438,7 @@ Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& sample
   // Alternate: time per byte by least squares on the large samples given
   // alpha; alpha as the median per-step remainder of the small ones.
   double alpha = 0, per_byte = 0;
-  for (int iteration = 0; iteration < 50; ++iteration) {
+  for (int iteration = 0; iteration < 200; ++iteration) {
     double num = 0, den = 0;
     for (const CollectiveSample* s : large) {
       const auto [steps, factor] = RingFactors(s->spec.type, s->spec.group_size);
@@ -494,8 +501,271 @@ Result<ComputeFit> FitCompute(const std::vector<KernelSample>& samples) {
   return fit;
 }
 
+namespace {
+
+/// A compute kernel with its own tensors and buffers, run through RunKernel.
+struct BenchKernel {
+  std::string label;
+  Op op;
+  std::vector<Tensor> in_meta, out_meta;
+  std::vector<std::vector<float>> in_data, out_data;
+  Mesh mesh;
+
+  /// Allocates and fills the buffers (FillSynthetic) and checks the kernel.
+  Status Init() {
+    mesh.axes = {{"dp", 1}};
+    for (const Tensor& t : in_meta) {
+      in_data.emplace_back(t.NumElements());
+      FillSynthetic(t, &in_data.back());
+    }
+    for (const Tensor& t : out_meta) out_data.emplace_back(t.NumElements(), 0.0f);
+    std::vector<const Tensor*> in, out;
+    for (const Tensor& t : in_meta) in.push_back(&t);
+    for (const Tensor& t : out_meta) out.push_back(&t);
+    return CheckKernel(op, in, out);
+  }
+  /// One run; its time in microseconds.
+  Result<double> Time() {
+    std::vector<KernelArg> in, out;
+    for (size_t i = 0; i < in_meta.size(); ++i) in.push_back({&in_meta[i], in_data[i].data()});
+    for (size_t i = 0; i < out_meta.size(); ++i) out.push_back({&out_meta[i], out_data[i].data()});
+    const auto t0 = Clock::now();
+    CONCERTO_RETURN_IF_ERROR(RunKernel(op, in, out, KernelContext{&mesh, 0}));
+    return SecondsSince(t0) * 1e6;
+  }
+};
+
+Tensor F32Tensor(const std::string& name, std::vector<int64_t> shape) {
+  Tensor t;
+  t.name = name;
+  t.shape = std::move(shape);
+  t.dtype = DType::kF32;
+  t.sharding.assign(t.shape.size(), {});
+  return t;
+}
+
+/// The interference kernels: a square matmul and an elementwise add.
+std::vector<BenchKernel> InterferenceKernels(const InterferenceOptions& o) {
+  std::vector<BenchKernel> k(2);
+  const int64_t m = o.matmul_size, n = o.add_elements;
+  k[0].label = "matmul " + std::to_string(m) + "x" + std::to_string(m) + "x" + std::to_string(m);
+  k[0].op.name = "interference.matmul";
+  k[0].op.kind = OpKind::kCompute;
+  k[0].op.compute_type = ComputeType::kMatmul;
+  k[0].op.attrs = {{"transpose_a", 0}, {"transpose_b", 0}};
+  k[0].op.inputs = {"a", "b"};
+  k[0].op.outputs = {"c"};
+  k[0].in_meta = {F32Tensor("a", {m, m}), F32Tensor("b", {m, m})};
+  k[0].out_meta = {F32Tensor("c", {m, m})};
+  k[1].label = "add " + std::to_string(n) + " floats";
+  k[1].op.name = "interference.add";
+  k[1].op.kind = OpKind::kCompute;
+  k[1].op.compute_type = ComputeType::kAdd;
+  k[1].op.inputs = {"x", "y"};
+  k[1].op.outputs = {"z"};
+  k[1].in_meta = {F32Tensor("x", {n}), F32Tensor("y", {n})};
+  k[1].out_meta = {F32Tensor("z", {n})};
+  return k;
+}
+
+}  // namespace
+
+double InterferenceFactor(const std::vector<InterferenceKernel>& kernels) {
+  double alone = 0, overlapped = 0;
+  for (const InterferenceKernel& k : kernels) alone += k.alone_us, overlapped += k.overlapped_us;
+  if (!(alone > 0)) return 0;
+  return std::clamp(overlapped / alone - 1, 0.0, 10.0);
+}
+
+Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const InterferenceOptions& o) {
+  const int n = comm.size();
+  if (n < 2) return Status::Error("interference: needs a world of at least 2 ranks, got " + std::to_string(n));
+  if (o.comm_bytes <= 0 || o.comm_bytes % 4 != 0)
+    return Status::Error("interference: comm_bytes must be a positive multiple of 4, got " +
+                         std::to_string(o.comm_bytes));
+  std::vector<int> world(n);
+  for (int r = 0; r < n; ++r) world[r] = r;
+  auto barrier = [&]() -> Status {
+    float token = 0;
+    return comm.AllReduce(world, ReduceOp::kSum, &token, &token, 1);
+  };
+  SetBlasThreads(1);  // as in a run
+  std::vector<BenchKernel> kernels = InterferenceKernels(o);
+  for (BenchKernel& k : kernels) {
+    CONCERTO_RETURN_IF_ERROR(k.Init());
+    CONCERTO_RETURN_IF_ERROR(k.Time().status());  // warm-up
+  }
+  // Rounds of (alone, overlapped), so that a drift in the machine's load
+  // affects both phases alike.
+  std::vector<std::vector<double>> alone(kernels.size()), overlapped(kernels.size());
+  const int64_t count = o.comm_bytes / 4;
+  std::vector<float> send(count, 0.0f), recv(count);
+  int collectives = 0;
+  std::vector<float> round_medians;  // per round, per kernel: alone, overlapped
+  if (o.rounds < 1) return Status::Error("interference: rounds must be at least 1");
+  for (int round = 0; round < o.rounds; ++round) {
+    // Alone: every rank computes, nothing communicates.
+    CONCERTO_RETURN_IF_ERROR(barrier());
+    std::vector<size_t> alone_had(kernels.size());
+    for (size_t i = 0; i < kernels.size(); ++i) alone_had[i] = alone[i].size();
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      const auto start = Clock::now();
+      for (int k = 0; k < o.min_samples || SecondsSince(start) < 0.1; ++k) {
+        Result<double> t = kernels[i].Time();
+        if (!t.ok()) return t.status();
+        alone[i].push_back(*t);
+      }
+    }
+    // Overlapped: a second thread keeps an all_reduce in flight.
+    CONCERTO_RETURN_IF_ERROR(barrier());
+    std::atomic<bool> enough{false}, in_flight{false}, finished{false};
+    Status comm_status = Status::Ok();
+    int issued = 0;
+    std::vector<size_t> had(kernels.size());
+    for (size_t i = 0; i < kernels.size(); ++i) had[i] = overlapped[i].size();
+    std::thread comm_thread([&] {
+      in_flight = true;
+      for (;;) {
+        send[0] = enough ? 1.0f : 0.0f;
+        Status st = comm.AllReduce(world, ReduceOp::kSum, send.data(), recv.data(), count);
+        ++issued;
+        if (!st.ok()) {
+          comm_status = st;
+          break;
+        }
+        // Every rank sees the same sum, so every rank stops after the same call.
+        if (recv[0] > n - 0.5f || issued >= o.max_collectives) break;
+      }
+      in_flight = false;
+      finished = true;
+    });
+    while (!in_flight && !finished) std::this_thread::yield();
+    const auto start = Clock::now();
+    for (size_t i = 0; !finished; i = (i + 1) % kernels.size()) {
+      const bool before = in_flight;
+      Result<double> t = kernels[i].Time();
+      if (!t.ok()) {
+        comm_thread.join();
+        return t.status();
+      }
+      if (before && in_flight) overlapped[i].push_back(*t);
+      bool all = SecondsSince(start) >= o.min_time_s;
+      for (size_t k = 0; k < kernels.size(); ++k)
+        all = all && static_cast<int>(overlapped[k].size() - had[k]) >= o.min_samples;
+      if (all) enough = true;
+    }
+    comm_thread.join();
+    CONCERTO_RETURN_IF_ERROR(comm_status);
+    collectives += issued;
+    for (size_t i = 0; i < kernels.size(); ++i) {
+      if (overlapped[i].size() == had[i])
+        return Status::Error("interference: rank " + std::to_string(comm.rank()) + " timed no " +
+                             kernels[i].label + " while the all_reduce was in flight (raise max_collectives)");
+      round_medians.push_back(static_cast<float>(
+          Median(std::vector<double>(alone[i].begin() + static_cast<int64_t>(alone_had[i]), alone[i].end()))));
+      round_medians.push_back(static_cast<float>(
+          Median(std::vector<double>(overlapped[i].begin() + static_cast<int64_t>(had[i]), overlapped[i].end()))));
+    }
+  }
+  // Average the medians over the ranks (one all_reduce): every kernel's
+  // over all rounds, then every round's.
+  std::vector<float> medians;
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    medians.push_back(static_cast<float>(Median(alone[i])));
+    medians.push_back(static_cast<float>(Median(overlapped[i])));
+  }
+  medians.insert(medians.end(), round_medians.begin(), round_medians.end());
+  CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, medians.data(), medians.data(),
+                                          static_cast<int64_t>(medians.size())));
+  InterferenceMeasurement m;
+  m.ranks = n;
+  m.comm_bytes = o.comm_bytes;
+  m.collectives = collectives;
+  const size_t nk = kernels.size();
+  for (size_t i = 0; i < nk; ++i)
+    m.kernels.push_back({kernels[i].label, medians[2 * i] / n, medians[2 * i + 1] / n,
+                         static_cast<int>(alone[i].size()), static_cast<int>(overlapped[i].size())});
+  for (int r = 0; r < o.rounds; ++r) {
+    std::vector<InterferenceKernel> round(nk);
+    for (size_t i = 0; i < nk; ++i) {
+      round[i].alone_us = medians[2 * nk + 2 * (r * nk + i)] / n;
+      round[i].overlapped_us = medians[2 * nk + 2 * (r * nk + i) + 1] / n;
+    }
+    m.round_factors.push_back(InterferenceFactor(round));
+  }
+  m.interference = MedianFactor(m.round_factors);
+  return m;
+}
+
+double MedianFactor(const std::vector<double>& factors) { return factors.empty() ? 0 : Median(factors); }
+
+Result<InterferenceMeasurement> MeasureInterferenceInProcess(int ranks, const InterferenceOptions& options) {
+  if (ranks < 2) return Status::Error("interference: needs at least 2 ranks, got " + std::to_string(ranks));
+  FakeWorld world(ranks);
+  std::vector<Result<InterferenceMeasurement>> results(ranks, Status::Error("rank did not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] { results[r] = MeasureInterference(world.endpoint(r), options); });
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r)
+    if (!results[r].ok()) return results[r].status();
+  return results[0];
+}
+
+std::string WriteInterference(const InterferenceMeasurement& m) {
+  nlohmann::json j = {{"format", "concerto-interference"},
+                      {"ranks", m.ranks},
+                      {"comm_bytes", m.comm_bytes},
+                      {"collectives", m.collectives},
+                      {"interference", m.interference},
+                      {"round_factors", m.round_factors},
+                      {"kernels", nlohmann::json::array()}};
+  for (const InterferenceKernel& k : m.kernels)
+    j["kernels"].push_back({{"kernel", k.kernel},
+                            {"alone_us", k.alone_us},
+                            {"overlapped_us", k.overlapped_us},
+                            {"alone_reps", k.alone_reps},
+                            {"overlapped_reps", k.overlapped_reps}});
+  return j.dump(1) + "\n";
+}
+
+Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return Status::Error(path + ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(path + ": " + e.what());
+  }
+  if (!j.is_object() || j.value("format", "") != "concerto-interference" || !j.contains("kernels") ||
+      !j["kernels"].is_array())
+    return Status::Error(path + ": not an interference file (format 'concerto-interference' with a 'kernels' list)");
+  InterferenceMeasurement m;
+  m.ranks = j.value("ranks", 0);
+  m.comm_bytes = j.value("comm_bytes", int64_t{0});
+  m.collectives = j.value("collectives", 0);
+  for (size_t i = 0; i < j["kernels"].size(); ++i) {
+    const nlohmann::json& e = j["kernels"][i];
+    const std::string where = path + ": kernel " + std::to_string(i) + ": ";
+    for (const char* field : {"alone_us", "overlapped_us"})
+      if (!e.is_object() || !e.contains(field) || !e[field].is_number() || !(e[field].get<double>() > 0))
+        return Status::Error(where + "field '" + field + "' must be a positive number");
+    m.kernels.push_back({e.value("kernel", ""), e["alone_us"].get<double>(), e["overlapped_us"].get<double>(),
+                         e.value("alone_reps", 0), e.value("overlapped_reps", 0)});
+  }
+  if (!j.contains("interference") || !j["interference"].is_number() || !(j["interference"].get<double>() >= 0) ||
+      j["interference"].get<double>() > 10)
+    return Status::Error(path + ": field 'interference' must be a number in [0, 10]");
+  m.interference = j["interference"].get<double>();
+  if (j.contains("round_factors") && j["round_factors"].is_array())
+    for (const nlohmann::json& f : j["round_factors"])
+      if (f.is_number()) m.round_factors.push_back(f.get<double>());
+  return m;
+}
+
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
-                                const std::string& device_name) {
+                                const std::string& device_name, double interference) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
@@ -513,7 +783,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.intra_node = LinkSpec{comm.bandwidth_gbps, comm.latency_us};
   c.inter_node = c.intra_node;
   c.collective_algorithm = "ring";
-  c.interference = 0;
+  c.interference = std::clamp(interference, 0.0, 10.0);
   return c;
 }
 

@@ -129,7 +129,7 @@ Status CheckParameter(const ScheduledProgram& ref_sp, const RunResult& ref_run,
     } else {
       const double scale = MaxAbs(ref->values);
       grads->push_back(CompareTensors("gradient of '" + param + "'", *ref, *got,
-                                      tol.grad_rel * scale + 1e-30, scale));
+                                      tol.grad_rel * scale + tol.grad_abs + 1e-30, scale));
     }
   }
   return Status::Ok();

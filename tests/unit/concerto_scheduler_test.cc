@@ -12,6 +12,7 @@
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/graph_index.h"
 #include "concerto/ir/verifier.h"
+#include "concerto/lower/frontend.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/synthetic.h"
 #include "concerto/schedule/concerto_scheduler.h"
@@ -311,6 +312,41 @@ TEST(ConcertoScheduler, SameInputSameScheduleOnARealWorkload) {
   EXPECT_EQ(WriteSchedule(a->schedule), WriteSchedule(b->schedule));
   EXPECT_EQ(WriteProgram(a->program), WriteProgram(b->program));
   EXPECT_EQ(ra.makespan_after_round_us, rb.makespan_after_round_us);
+}
+
+}  // namespace
+}  // namespace concerto
+
+namespace concerto {
+namespace {
+
+TEST(ConcertoScheduler, InterNodeCollectivesGetTheirOwnStreamWhenItPays) {
+  // 4 nodes of 2 devices: tp=2 stays inside a node, the dp=4 gradient
+  // all-reduces cross nodes; on one comm stream they queue behind the
+  // tensor-parallel collectives.
+  ClusterSpec spec = LoadCluster("a800-4x8").value();
+  spec.nodes = 4;
+  spec.devices_per_node = 2;
+  AnalyticCostModel cost(spec);
+  Program p = LowerModelPlan("llama-tiny", "dp=4,tp=2").value();
+  ConcertoOptions o;
+  o.rounds = 1;
+  o.block_ops = 60;
+  ConcertoReport report;
+  Result<ScheduledProgram> sp = RunConcerto(p, cost, o, &report);
+  ASSERT_TRUE(sp.ok()) << sp.status().message();
+  ASSERT_GT(report.inter_node_stream_ops, 0);
+  EXPECT_TRUE(VerifySchedule(sp->program, sp->schedule).empty());
+  EXPECT_TRUE(VerifyProgram(sp->program).empty());
+  EXPECT_LE(report.final_makespan_us, report.incumbent_makespan_us);
+  const Graph& g = sp->program.graphs[0];
+  ASSERT_NE(std::find(g.streams.begin(), g.streams.end(), "comm.inter"), g.streams.end());
+  for (const Op& op : g.ops) {
+    if (op.kind != OpKind::kCollective) continue;
+    bool crosses = false;
+    for (int m : GroupRanks(sp->program.mesh, op.group, 0)) crosses = crosses || spec.NodeOf(m) != 0;
+    EXPECT_EQ(op.stream, crosses ? "comm.inter" : "comm") << OpLabel(op);
+  }
 }
 
 }  // namespace

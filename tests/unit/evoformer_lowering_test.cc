@@ -1,6 +1,7 @@
 // Evoformer frontend: AlphaFold sizes, FastFold DAP collectives per block,
-// flops and parameters against hand formulas, rejection of bad plans, and a
-// fifo schedule simulated without deadlock. Arithmetic in the comments.
+// flops and parameters against hand formulas, the distogram and masked-MSA
+// heads and their losses, rejection of bad plans, and a fifo schedule
+// simulated without deadlock. Arithmetic in the comments.
 #include "concerto/lower/evoformer.h"
 
 #include <gtest/gtest.h>
@@ -168,7 +169,8 @@ TEST(EvoformerTest, TinyDapCollectives) {
 
 // FastFold's order inside a block: the pair-bias gather, MSA to columns, the
 // OPM gather, MSA back to rows, then the pair stack alternating gather and
-// switch.
+// switch. After the block the distogram head transposes its logits (the
+// mirror switch) to symmetrise them.
 TEST(EvoformerTest, DapCollectiveOrder) {
   Program p = Lower(Preset("evoformer-tiny"), 1, 4);
   std::vector<std::string> order;
@@ -181,7 +183,8 @@ TEST(EvoformerTest, DapCollectiveOrder) {
                        "all_gather b0.tri_mul_out.b.ag", "all_to_all b0.pair.to_col1.a2a",
                        "all_gather b0.tri_mul_in.a.ag", "all_to_all b0.pair.to_row1.a2a",
                        "all_gather b0.tri_att_start.bias.ag", "all_to_all b0.pair.to_col2.a2a",
-                       "all_gather b0.tri_att_end.bias.ag", "all_to_all b0.pair.to_row2.a2a"}));
+                       "all_gather b0.tri_att_end.bias.ag", "all_to_all b0.pair.to_row2.a2a",
+                       "all_to_all head.distogram.mirror.a2a"}));
 }
 
 TEST(EvoformerTest, NoDapCollectivesWithoutDap) {
@@ -258,28 +261,116 @@ TEST(EvoformerTest, ParameterCountPerBlock) {
       ++syncs;
     }
   }
-  ASSERT_EQ(per_block.size(), 48u);
-  for (const auto& [layer, count] : per_block) EXPECT_EQ(count, 1824768) << layer;
+  ASSERT_EQ(per_block.size(), 49u);  // blocks 0..47 and the heads (layer -1)
+  for (const auto& [layer, count] : per_block) {
+    if (layer >= 0) {
+      EXPECT_EQ(count, 1824768) << layer;
+    }
+  }
+  // Heads: distogram c_z x 64 = 8,192, masked MSA c_m x 23 = 5,888.
+  EXPECT_EQ(per_block.at(-1), 14080);
+  EXPECT_EQ(EvoformerHeadParameterCount(c), 14080);
   // 66 parameters per block: msa_row 10, msa_col 7, msa_trans 4, opm 5,
-  // tri_mul 2x10, tri_att 2x8, pair_trans 4; one Adam and one all-reduce each.
-  EXPECT_EQ(adams, 66 * 48);
-  EXPECT_EQ(syncs, 66 * 48);
+  // tri_mul 2x10, tri_att 2x8, pair_trans 4; plus the two head weights; one
+  // Adam and one all-reduce each.
+  EXPECT_EQ(adams, 66 * 48 + 2);
+  EXPECT_EQ(syncs, 66 * 48 + 2);
 }
 
 // evoformer-tiny (c_m 16, c_z 8, heads 2x4 everywhere, OPM 4, width 8):
 //   msa_row 32+16+4*16*8+8*2+8*16 = 704; msa_col 32+512+128 = 672;
 //   msa_trans 32+2*4*16*16 = 2080; opm 32+2*16*4+16*8 = 288;
 //   tri_mul 16+4*8*8+16+64+64 = 416 (x2); tri_att 16+256+8*2+64 = 352 (x2);
-//   pair_trans 16+2*4*64 = 528; total 5,808.
+//   pair_trans 16+2*4*64 = 528; total 5,808. Heads: 8*64 + 16*23 = 880.
 TEST(EvoformerTest, TinyParameterCount) {
   EXPECT_EQ(EvoformerBlockParameterCount(Preset("evoformer-tiny")), 5808);
+  EXPECT_EQ(EvoformerHeadParameterCount(Preset("evoformer-tiny")), 880);
   Program p = Lower(Preset("evoformer-tiny"), 2, 2);
   auto tensors = Tensors(Main(p));
   int64_t total = 0;
   for (const Op& op : Main(p).ops)
     if (op.kind == OpKind::kCompute && op.compute_type == ComputeType::kAdam)
       total += tensors.at(op.inputs[0])->NumElements();
-  EXPECT_EQ(total, 5808);
+  EXPECT_EQ(total, 5808 + 880);
+}
+
+/// The op called `name` in `g` (must exist).
+const Op& FindOp(const Graph& g, const std::string& name) {
+  for (const Op& op : g.ops)
+    if (op.name == name) return op;
+  ADD_FAILURE() << "no op " << name;
+  static const Op none;
+  return none;
+}
+
+// The heads and losses of evoformer at dp 4 x dap 8 (bf16), per rank:
+// distogram on the pair [256/8, 256, 128]: 32 x 256 = 8,192 pairs,
+//   head.distogram          matmul 2*8192*128*64            = 134,217,728 flops
+//   mirror (switch)         all-to-all [32, 256, 64] bf16   =   1,048,576 bytes
+//   logits                  8192 x 64                       =     524,288 elements
+//   loss.distogram.max      1/elem                          =     524,288 flops
+//   loss.distogram.sum_exp  3/elem                          =   1,572,864 flops
+//   cross_entropy           4/pair, denominator 8,192 (this rank's pairs: a local mean)
+//   cross_entropy.grad      4/elem = 2,097,152 flops, denominator 256*256 pairs * 4 dp
+//                           = 262,144 (the mean over every rank's pairs), then x 0.3
+// masked MSA on the MSA [128/8, 256, 256]: 16 x 256 = 4,096 positions,
+//   head.masked_msa         matmul 2*4096*256*23            =  48,234,496 flops
+//   cross_entropy           denominator 4,096; grad: 128*256*4 = 131,072, then x 2.0
+// No other collectives: both heads act on row-sharded rows; the grad_sync
+// all-reduces of the two weights run over {dp, dap}.
+TEST(EvoformerTest, HeadsAndLoss) {
+  const Program p = Lower(Preset("evoformer"), 4, 8);
+  const Graph& g = Main(p);
+  EXPECT_DOUBLE_EQ(FindOp(g, "head.distogram").flops, 134217728.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "head.masked_msa").flops, 48234496.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.distogram.max").flops, 524288.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.distogram.sum_exp").flops, 1572864.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.distogram.cross_entropy").flops, 4.0 * 8192);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.distogram.cross_entropy").attrs.at("denominator"), 8192.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.distogram.cross_entropy.grad").flops, 2097152.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.distogram.cross_entropy.grad").attrs.at("denominator"),
+                   262144.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.distogram.weight").attrs.at("scale"), 0.3);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.masked_msa.cross_entropy").attrs.at("denominator"), 4096.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.masked_msa.cross_entropy.grad").attrs.at("denominator"),
+                   131072.0);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.masked_msa.weight").attrs.at("scale"), 2.0);
+  EXPECT_EQ(FindOp(g, "head.distogram.mirror.a2a").message_bytes, 1048576);
+  EXPECT_EQ(FindOp(g, "head.distogram.mirror.grad.a2a").message_bytes, 1048576);
+  auto t = Tensors(g);
+  EXPECT_EQ(t.at("evo.distogram.labels")->shape, (std::vector<int64_t>{32, 256}));
+  EXPECT_EQ(t.at("evo.distogram.labels")->dtype, DType::kI32);
+  EXPECT_EQ(t.at("evo.distogram.labels")->sharding[0], std::vector<std::string>{"dap"});
+  EXPECT_EQ(t.at("evo.masked_msa.labels")->shape, (std::vector<int64_t>{16, 256}));
+  EXPECT_EQ(t.at("loss.distogram")->shape, std::vector<int64_t>{});
+  // The backward starts from the losses: no incoming gradient inputs.
+  EXPECT_EQ(t.count("evo.msa.out.grad"), 0u);
+  EXPECT_EQ(t.count("evo.pair.out.grad"), 0u);
+  int cross_entropies = 0, head_collectives = 0;
+  for (const Op& op : g.ops) {
+    if (op.kind == OpKind::kCompute && op.compute_type == ComputeType::kCrossEntropy)
+      ++cross_entropies;
+    if (op.kind == OpKind::kCollective && op.tags.layer == -1) {
+      ++head_collectives;
+      if (op.tags.purpose == "grad_sync")
+        EXPECT_EQ(op.group.axes, (std::vector<std::string>{"dp", "dap"})) << op.name;
+      else
+        EXPECT_EQ(op.collective, CollectiveType::kAllToAll) << op.name;
+    }
+  }
+  EXPECT_EQ(cross_entropies, 2);
+  EXPECT_EQ(head_collectives, 2 + 2);  // mirror and its grad; two weight all-reduces
+}
+
+// Without dap or dp the heads add no collective; the gradient denominators
+// are the one sample's label counts: 16*16 = 256 pairs, 8*16 = 128 MSA
+// positions (evoformer-tiny).
+TEST(EvoformerTest, TinyHeadsUnsharded) {
+  const Program p = Lower(Preset("evoformer-tiny"), 1, 1);
+  const Graph& g = Main(p);
+  for (const Op& op : g.ops) EXPECT_NE(op.kind, OpKind::kCollective) << op.name;
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.distogram.cross_entropy.grad").attrs.at("denominator"), 256);
+  EXPECT_DOUBLE_EQ(FindOp(g, "loss.masked_msa.cross_entropy.grad").attrs.at("denominator"), 128);
 }
 
 TEST(EvoformerTest, ShardedShapes) {
@@ -315,6 +406,16 @@ TEST(EvoformerTest, RejectsBadPlans) {
   p = LowerEvoformer(c, 1, 1);
   ASSERT_FALSE(p.ok());
   EXPECT_HAS(p.status().message(), "batch must be 1");
+  c = Preset("evoformer-tiny");
+  c.distogram_weight = 0;
+  p = LowerEvoformer(c, 1, 1);
+  ASSERT_FALSE(p.ok());
+  EXPECT_HAS(p.status().message(), "loss weights must be positive");
+  c = Preset("evoformer-tiny");
+  c.msa_classes = 0;
+  p = LowerEvoformer(c, 1, 1);
+  ASSERT_FALSE(p.ok());
+  EXPECT_HAS(p.status().message(), "msa_classes must be positive");
   c = Preset("evoformer-tiny");
   c.c_z = 0;
   p = LowerEvoformer(c, 1, 1);

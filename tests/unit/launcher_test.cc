@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "concerto/ir/json_io.h"
+#include "concerto/runtime/flight_recorder.h"
 #include "concerto/runtime/launcher.h"
 #include "concerto/runtime/launcher_job.h"
 
@@ -194,6 +195,83 @@ TEST(RunLocalJob, MeasuresEveryIterationAndReportsJson) {
   ASSERT_FALSE(failed.ok());
   EXPECT_NE(failed.status().message().find("rank 1: op 1 'fc.dw': injected failure"), std::string::npos)
       << failed.status().message();
+}
+
+TEST(RunLocalJob, ChecksAModelWhosePlanIsAFile) {
+  // --plan FILE works for lowering and for the reference check (LoadPlan).
+  const std::string path = testing::TempDir() + "/dp2.plan.yaml";
+  {
+    std::ofstream out(path);
+    out << "dp: 2\n";
+  }
+  JobSpec spec;
+  spec.model = "gpt-tiny";
+  spec.plan = path;
+  Result<ScheduledProgram> sp = PrepareJob(spec);
+  ASSERT_TRUE(sp.ok()) << sp.status().message();
+  EXPECT_EQ(sp->program.mesh.NumRanks(), 2);
+  LocalJobOptions options;
+  options.iterations = 2;
+  options.check = true;
+  options.model = "gpt-tiny";
+  options.plan = path;
+  Result<MeasuredJob> job = RunLocalJob(*sp, options);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_NE(job->check.find("20 gradients"), std::string::npos) << job->check;
+
+  const std::string bad = testing::TempDir() + "/bad.plan.yaml";
+  {
+    std::ofstream out(bad);
+    out << "dp: 2\nwarp: 3\n";
+  }
+  options.plan = bad;
+  Result<MeasuredJob> refused = RunLocalJob(*sp, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find(bad), std::string::npos) << refused.status().message();
+  EXPECT_NE(refused.status().message().find("warp"), std::string::npos) << refused.status().message();
+}
+
+TEST(FlightRecorder, NamesTheRankThatDiedAndTheOpsInFlight) {
+  // dp2_linear: ops 0 fc.fwd, 1 fc.dw (stream 0, compute), 2
+  // fc.dw.all_reduce (stream 1, comm), 3 fc.adam.
+  Result<Program> program = ReadProgramFile(kExample);
+  ASSERT_TRUE(program.ok()) << program.status().message();
+  const std::string dir = testing::TempDir();
+  {
+    // Rank 1 dies (its recorder is destroyed without a final state, as a
+    // SIGKILLed process leaves it) while running fc.dw; rank 0 waits in the
+    // all_reduce and is then stopped by mpirun (SIGTERM).
+    Result<std::unique_ptr<FlightRecorder>> r0 = FlightRecorder::Create(FlightRecordPath(dir, 0), 0, 2);
+    Result<std::unique_ptr<FlightRecorder>> r1 = FlightRecorder::Create(FlightRecordPath(dir, 1), 1, 2);
+    ASSERT_TRUE(r0.ok() && r1.ok());
+    (*r0)->SetState(RankState::kRunning);
+    (*r0)->Begin(0, 1);
+    (*r0)->End(0);
+    (*r0)->Begin(1, 2);
+    (*r0)->SetState(RankState::kTerminated);
+    (*r1)->SetState(RankState::kRunning);
+    (*r1)->Begin(0, 1);
+  }
+  std::vector<Result<RankFlightRecord>> records = {ReadFlightRecord(FlightRecordPath(dir, 0)),
+                                                   ReadFlightRecord(FlightRecordPath(dir, 1))};
+  ASSERT_TRUE(records[0].ok()) << records[0].status().message();
+  EXPECT_EQ(records[0]->rank, 0);
+  EXPECT_EQ(records[0]->state, RankState::kTerminated);
+  EXPECT_EQ(records[0]->in_flight, (std::vector<std::pair<int, int>>{{1, 2}}));
+  EXPECT_EQ(DescribeFailedJob(*program, records),
+            "rank 1 died in op 1 'fc.dw' (stream compute) (it was running and was not stopped by mpirun); "
+            "rank 0 was stopped by mpirun in op 2 'fc.dw.all_reduce' (stream comm)");
+  // A rank without a record, one that failed cleanly, and one that finished.
+  {
+    Result<std::unique_ptr<FlightRecorder>> r1 = FlightRecorder::Create(FlightRecordPath(dir, 1), 1, 2);
+    ASSERT_TRUE(r1.ok());
+    (*r1)->SetState(RankState::kFailed);
+  }
+  records = {Status::Error("no flight record"), ReadFlightRecord(FlightRecordPath(dir, 1))};
+  EXPECT_EQ(DescribeFailedJob(*program, records),
+            "rank 0 left no flight record (died before it started?); rank 1 failed no op in flight (between ops or "
+            "waiting for an op's inputs)");
+  EXPECT_FALSE(ReadFlightRecord(kExample).ok());  // not a flight record
 }
 
 }  // namespace

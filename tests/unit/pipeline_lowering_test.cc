@@ -521,10 +521,16 @@ TEST(Pipeline, RejectedPlansSayWhy) {
   };
   EXPECT_HAS(message(Preset("gpt-tiny"), "pp=2"), "1F1B needs microbatches >= pp");
   EXPECT_HAS(message(Preset("gpt-tiny"), "pp=3,microbatches=3"), "pp (3) must divide layers (2)");
-  // Interleaved (virtual) stages are not part of the plan syntax.
+  // Interleaved stages are the key vstages (tests/unit/interleaved_pipeline_test.cc);
+  // "interleave" is not a key, and the message lists the known ones.
   Result<ParallelPlan> interleaved = ParsePlan("pp=2,microbatches=4,interleave=2");
   ASSERT_FALSE(interleaved.ok());
-  EXPECT_HAS(interleaved.status().message(), "interleave");
+  EXPECT_HAS(interleaved.status().message(), "unknown key 'interleave'");
+  EXPECT_HAS(interleaved.status().message(), "vstages");
+  EXPECT_HAS(message(Preset("gpt-tiny"), "pp=2,vstages=2,microbatches=2"),
+             "pp x vstages (4) must divide layers (2)");
+  EXPECT_HAS(message(Deep("gpt-tiny", 4), "pp=2,vstages=2,microbatches=3"),
+             "needs microbatches to be a multiple of pp");
 }
 
 // ---- speed ------------------------------------------------------------------------

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "concerto/lower/transformer.h"
 
@@ -177,6 +178,82 @@ TEST(PlanValidate, ExpertsZeroAndDap) {
   EXPECT_HAS(dap, "'llama-7b' is a llama decoder");
   // Messages name the plan and the model.
   EXPECT_HAS(dap, "plan 'dp=1,tp=1,dap=2' for model 'llama-7b'");
+}
+
+// ---- order: where the axes go on the cluster ------------------------------------
+
+// order lists the axes innermost first (Megatron's "tp-dp-pp"); the mesh is
+// its reverse, outermost first: order=dp-tp gives {tp, dp}, so dp is the
+// fastest axis (inside a node) and a tp group strides over dp.
+TEST(PlanOrder, ParsesAndPlacesTheMeshAxes) {
+  ParallelPlan p = Parse("dp=4,tp=8,order=dp-tp");
+  ASSERT_EQ(p.order, (std::vector<std::string>{"dp", "tp"}));
+  std::vector<MeshAxis> mesh = PlanMeshAxes(p);
+  ASSERT_EQ(mesh.size(), 2u);
+  EXPECT_EQ(mesh[0].name, "tp");
+  EXPECT_EQ(mesh[0].size, 8);
+  EXPECT_EQ(mesh[1].name, "dp");
+  EXPECT_EQ(mesh[1].size, 4);
+  // Default: {pp, dp, tp}; pp only when > 1; ep right inside dp.
+  auto names = [](const ParallelPlan& plan) {
+    std::string s;
+    for (const MeshAxis& a : PlanMeshAxes(plan)) s += a.name + "=" + std::to_string(a.size) + " ";
+    return s;
+  };
+  EXPECT_EQ(names(Parse("dp=4,tp=8")), "dp=4 tp=8 ");
+  EXPECT_EQ(names(Parse("pp=2,dp=2,tp=2,microbatches=2")), "pp=2 dp=2 tp=2 ");
+  EXPECT_EQ(names(Parse("dp=4,ep=2,tp=2")), "dp=2 ep=2 tp=2 ");
+  EXPECT_EQ(names(Parse("pp=2,dp=2,tp=2,order=pp-tp-dp")), "dp=2 tp=2 pp=2 ");
+  EXPECT_EQ(names(Parse("pp=2,dp=4,ep=2,tp=2,order=dp-pp-tp")), "tp=2 pp=2 dp=2 ep=2 ");
+  // pp may be listed with pp = 1 (it is then left out of the mesh).
+  EXPECT_EQ(names(Parse("dp=2,tp=2,order=tp-pp-dp")), "dp=2 tp=2 ");
+}
+
+TEST(PlanOrder, RoundTripsAndDropsTheDefault) {
+  for (const char* text : {"dp=4,tp=8,order=dp-tp", "dp=2,tp=2,pp=2,microbatches=2,order=pp-tp-dp",
+                           "dp=1,tp=8,pp=4,microbatches=8,vstages=2",
+                           "dp=2,tp=4,pp=4,microbatches=8,vstages=2,order=tp-pp-dp"}) {
+    EXPECT_EQ(PlanToString(Parse(text)), text);
+    EXPECT_EQ(PlanToString(Parse(PlanToString(Parse(text)))), text);
+  }
+  // An order that equals the default is not kept (pp=1: tp-dp-pp is tp-dp).
+  EXPECT_TRUE(Parse("dp=4,tp=8,order=tp-dp").order.empty());
+  EXPECT_TRUE(Parse("dp=4,tp=8,order=tp-dp-pp").order.empty());
+  EXPECT_EQ(PlanToString(Parse("order = tp-dp-pp , pp=2, microbatches=2")), "dp=1,tp=1,pp=2,microbatches=2");
+  // Keys may come in any order: the order is checked once every item is read.
+  EXPECT_EQ(PlanToString(Parse("order=dp-tp-pp,pp=2,microbatches=2")),
+            "dp=1,tp=1,pp=2,microbatches=2,order=dp-tp-pp");
+}
+
+TEST(PlanOrder, BadOrdersNameTheKey) {
+  std::string e = ParseError("dp=2,tp=2,order=dp-xp");
+  EXPECT_HAS(e, "order 'dp-xp': unknown axis 'xp'");
+  EXPECT_HAS(ParseError("dp=2,tp=2,order=dp-tp-dp"), "order 'dp-tp-dp': axis 'dp' is listed twice");
+  EXPECT_HAS(ParseError("dp=2,tp=2,order=dp"), "order 'dp': must list tp");
+  EXPECT_HAS(ParseError("pp=2,microbatches=2,order=dp-tp"), "order 'dp-tp': must list pp when pp > 1");
+  EXPECT_HAS(ParseError("dp=4,ep=2,order=ep-dp-tp"), "ep is not placed on its own");
+  EXPECT_HAS(ParseError("order"), "'order' needs the mesh axes innermost first");
+  EXPECT_HAS(ParseError("dp=2,order=dp--tp"), "unknown axis ''");
+  // A plan built by hand is checked by ValidatePlan, naming plan, model and key.
+  ParallelPlan p;
+  p.order = {"tp", "tp"};
+  Status s = ValidatePlan(Model("gpt-tiny"), p);
+  ASSERT_FALSE(s.ok());
+  EXPECT_HAS(s.message(), "for model 'gpt-tiny': order 'tp-tp': axis 'tp' is listed twice");
+}
+
+// ---- vstages: interleaved 1F1B -----------------------------------------------------
+
+TEST(PlanValidate, InterleavedStagesNeedPipelineLayersAndMicrobatches) {
+  // gpt-1.3b: 24 layers. pp=4 x vstages=2 = 8 divides 24; pp=4 x vstages=4 = 16 does not.
+  EXPECT_TRUE(ValidatePlan(Model("gpt-1.3b"), Parse("pp=4,vstages=2,microbatches=8")).ok());
+  EXPECT_HAS(Rejection(Model("gpt-1.3b"), "pp=4,vstages=4,microbatches=8"),
+             "pp x vstages (16) must divide layers (24)");
+  EXPECT_HAS(Rejection(Model("gpt-1.3b"), "vstages=2"),
+             "vstages (2, interleaved 1F1B) needs pipeline stages, got pp=1");
+  EXPECT_HAS(Rejection(Model("gpt-1.3b"), "pp=4,vstages=2,microbatches=6"),
+             "needs microbatches to be a multiple of pp, got microbatches=6 with pp=4");
+  EXPECT_HAS(ParseError("vstages=0"), "vstages must be an integer from 1");
 }
 
 TEST(PlanValidate, DegreesBuiltByHandAreChecked) {

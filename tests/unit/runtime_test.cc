@@ -3,9 +3,10 @@
 // refusal of bad schedules, measured timelines and their Chrome trace) and
 // the reference check: gpt-tiny and llama-tiny under dp, tp, sp, ZeRO 1-3
 // and pp, and the mixture of experts mixtral-tiny under dp, ep, ep with tp
-// and pp, and ZeRO-3, each under the fifo schedule and rewritten ones,
-// reproduce the unsharded run's loss, gradients and updated parameters
-// (docs/runtime.md).
+// and pp, and ZeRO-3, and the Evoformer (with its distogram and masked-MSA
+// losses) under dap, dp and both, each under the fifo schedule and
+// rewritten ones, reproduce the unsharded run's loss, gradients and updated
+// parameters (docs/runtime.md); the initializer's Evoformer constants.
 #include <gtest/gtest.h>
 
 #include <ostream>
@@ -27,6 +28,7 @@
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/graph_index.h"
 #include "concerto/ir/verifier.h"
+#include "concerto/lower/evoformer.h"
 #include "concerto/lower/plan.h"
 #include "concerto/lower/transformer.h"
 #include "concerto/report/report.h"
@@ -562,6 +564,211 @@ TEST(Reference, MoeWithoutTheExpertTransposeIsCaught) {
   Result<ReferenceReport> report = CompareToReference(ref.sp, ref.run, sp, *run, Tolerance{}, {});
   ASSERT_FALSE(report.ok());
   EXPECT_HAS(report.status().message(), "diverges from the reference: first diverging tensor: loss");
+}
+
+// ---- the Evoformer under dap and dp -------------------------------------------
+//
+// evoformer-tiny (1 block, s = 8, r = 16, c_m = 16, c_z = 8, 2x4 heads) with
+// its distogram and masked-MSA losses against the unsharded run (dp = 1,
+// dap = 1, fifo). The Evoformer has no batch dim, so each dp rank holds one
+// sample; the initializer fills the data inputs (evo.msa, evo.pair, the
+// labels) by global identity and they are not sharded over dp, so every dp
+// rank holds the SAME sample. The mean over dp of identical samples'
+// gradients is the one sample's gradient: the dp runs must equal the
+// unsharded run exactly as the dap runs must. This checks the 1/dp in the
+// loss-gradient denominators and the grad_sync all-reduce over {dp, dap}; it
+// cannot tell apart a run that drops both the 1/dp and the dp all-reduce
+// (evoformer_lowering_test checks one grad_sync over {dp, dap} per
+// parameter). docs/evoformer.md, "Reference check".
+
+/// One Evoformer plan and scheduler.
+struct EvoCase {
+  int dp = 1, dap = 1;
+  std::string scheduler;
+};
+
+void PrintTo(const EvoCase& c, std::ostream* os) {
+  *os << "dp=" << c.dp << ",dap=" << c.dap << " " << c.scheduler;
+}
+
+std::string EvoCaseName(const ::testing::TestParamInfo<EvoCase>& info) {
+  std::string s = "dp" + std::to_string(info.param.dp) + "_dap" + std::to_string(info.param.dap) +
+                  "_" + info.param.scheduler;
+  std::replace(s.begin(), s.end(), '-', '_');
+  return s;
+}
+
+/// evoformer-tiny lowered under dp x dap (must succeed).
+Program LowerEvo(int dp, int dap) {
+  Result<EvoformerConfig> c = EvoformerPreset("evoformer-tiny");
+  EXPECT_TRUE(c.ok());
+  Result<Program> p = c.ok() ? LowerEvoformer(*c, dp, dap) : Result<Program>(c.status());
+  EXPECT_TRUE(p.ok()) << p.status().message();
+  return p.ok() ? *p : Program{};
+}
+
+/// The unsharded evoformer-tiny run (fifo), run once.
+const ReferenceRun& EvoReference() {
+  static const ReferenceRun* ref = [] {
+    auto* rr = new ReferenceRun;
+    rr->sp = Schedule(LowerEvo(1, 1), "fifo");
+    Result<RunResult> run = RunInProcess(rr->sp, RunOptions{});
+    EXPECT_TRUE(run.ok()) << run.status().message();
+    if (run.ok()) rr->run = std::move(run).value();
+    return rr;
+  }();
+  return *ref;
+}
+
+/// The default tolerances plus an absolute gradient floor of 1e-13: the
+/// gradient of b0.msa_row.ln_z.beta is zero in exact arithmetic (beta adds a
+/// per-head constant to every score of a softmax row; measured max |ref|
+/// 2.4e-15, dap=2 differs by 8.1e-15), while the largest gradient is 4.2e-3
+/// (head.masked_msa.w) and the smallest nonzero one 1.8e-8
+/// (b0.tri_att_end.k.w, whose relative bound 1.8e-12 the floor barely moves).
+Tolerance EvoTolerance() {
+  Tolerance t;
+  t.grad_abs = 1e-13;
+  return t;
+}
+
+class EvoformerReferenceTest : public ::testing::TestWithParam<EvoCase> {};
+
+TEST_P(EvoformerReferenceTest, MatchesUnshardedRun) {
+  const EvoCase& c = GetParam();
+  const ReferenceRun& ref = EvoReference();
+  const ScheduledProgram sp = Schedule(LowerEvo(c.dp, c.dap), c.scheduler);
+  Result<RunResult> run = RunInProcess(sp, RunOptions{});
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  Result<ReferenceReport> report = CompareToReference(ref.sp, ref.run, sp, *run, EvoTolerance(), {});
+  ASSERT_TRUE(report.ok()) << report.status().message();
+  // The summary's worst relative gradient error is the zero gradient's
+  // noise; also print the worst over gradients well above the floor.
+  double worst = 0;
+  std::string worst_name;
+  for (const TensorCheck& t : report->checks)
+    if (t.what.rfind("gradient", 0) == 0 && t.scale > 1e3 * EvoTolerance().grad_abs &&
+        t.max_error / t.scale >= worst)
+      worst = t.max_error / t.scale, worst_name = t.what;
+  std::printf("  evoformer-tiny dp=%d,dap=%d %s: %s; nonzero gradients: worst relative error %.3g (%s)\n",
+              c.dp, c.dap, c.scheduler.c_str(), report->Summary().c_str(), worst, worst_name.c_str());
+}
+
+/// dap = 2 (every DAP all-gather, reduce-scatter and all-to-all, the
+/// distogram's mirror all-to-all), dp = 2, and both on 4 ranks, each with
+/// fifo and rewritten schedules: ddp buckets the gradient all-reduces,
+/// xla-lhs and concerto reorder.
+std::vector<EvoCase> EvoCases() {
+  return {{1, 2, "fifo"}, {1, 2, "ddp"},     {1, 2, "concerto"}, {2, 1, "fifo"},
+          {2, 1, "ddp"},  {2, 2, "fifo"},    {2, 2, "ddp"},      {2, 2, "xla-lhs"}};
+}
+
+INSTANTIATE_TEST_SUITE_P(Evoformer, EvoformerReferenceTest, ::testing::ValuesIn(EvoCases()),
+                         EvoCaseName);
+
+TEST(Reference, EvoformerLossIsTheMeanOfBothHeads) {
+  // StepLoss averages every cross_entropy output: (distogram + masked MSA) / 2
+  // on the unsharded run. Tiny weights (0.05 u) make the logits nearly flat,
+  // so each head's loss is close to log(classes): log 64 = 4.159, log 23 =
+  // 3.135, mean 3.647.
+  const ReferenceRun& ref = EvoReference();
+  const std::vector<float>* dist = ref.run.Rank(0).Find("loss.distogram");
+  const std::vector<float>* msa = ref.run.Rank(0).Find("loss.masked_msa");
+  ASSERT_TRUE(dist && msa);
+  EXPECT_NEAR((*dist)[0], std::log(64.0), 0.05);
+  EXPECT_NEAR((*msa)[0], std::log(23.0), 0.05);
+  Result<double> loss = StepLoss(ref.sp, ref.run);
+  ASSERT_TRUE(loss.ok());
+  EXPECT_NEAR(*loss, ((*dist)[0] + (*msa)[0]) / 2, 1e-6);
+}
+
+TEST(Reference, EvoformerDapWithoutTheGlobalDenominatorIsCaught) {
+  // dap = 2 whose distogram gradient is divided by the rank's own label
+  // count (8 x 16 = 128) instead of the global one (16 x 16 = 256): every
+  // gradient reaching the stack through the distogram doubles.
+  const ReferenceRun& ref = EvoReference();
+  Program broken = LowerEvo(1, 2);
+  int changed = 0;
+  for (Op& op : broken.graphs[0].ops)
+    if (op.name == "loss.distogram.cross_entropy.grad") {
+      EXPECT_EQ(op.attrs.at("denominator"), 256);
+      op.attrs["denominator"] = 128;
+      ++changed;
+    }
+  ASSERT_EQ(changed, 1);
+  const ScheduledProgram sp = Schedule(broken, "fifo");
+  Result<RunResult> run = RunInProcess(sp, RunOptions{});
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  Result<ReferenceReport> report = CompareToReference(ref.sp, ref.run, sp, *run, EvoTolerance(), {});
+  ASSERT_FALSE(report.ok());
+  EXPECT_HAS(report.status().message(), "first diverging tensor: gradient of '");
+}
+
+TEST(Init, EvoformerConstantsFollowTheirNames) {
+  // Mesh {dap: 2}; table t [3, 4] on each rank, sharded on its rows (global
+  // [6, 4]: rank 1 holds rows 3..5, so its gather's row0 is 3).
+  // const.perm.1x3x4.p102.i3x1: keeps the last dim, rows_shape [1, 3],
+  // perm' [1, 0]: arange(3).reshape(1, 3).T = [[0], [1], [2]] -> 0, 1, 2.
+  // const.perm.2x3x1.p102.i3x2 (h = 1 table u [6, 1], replicated): rows
+  // [2, 3] (the last dim stays, perm' [1, 0]): arange(6).reshape(2, 3).T =
+  // [[0, 3], [1, 4], [2, 5]] -> 0, 3, 1, 4, 2, 5, row0 0.
+  // const.perm.2x3.p10.i3x2 (the last dim moves: rows_shape [2, 3], perm'
+  // [1, 0]): the same six ids.
+  Graph g;
+  g.name = "main";
+  g.streams = {"compute"};
+  g.tensors = {F32("t", {3, 4}, {{"dap"}, {}}), F32("u", {6, 1}), F32("const.ones.5", {1, 5})};
+  auto ids = [&](const std::string& name, std::vector<int64_t> shape) {
+    Tensor t = F32(name, std::move(shape));
+    t.dtype = DType::kI32;
+    g.tensors.push_back(t);
+  };
+  ids("const.perm.1x3x4.p102.i3x1", {3, 1});
+  ids("const.perm.2x3x1.p102.i3x2", {3, 2});
+  ids("const.perm.2x3.p10.i3x2", {3, 2});
+  ids("const.perm.2x3x1.p102.i2x2", {2, 2});  // 4 ids for 6 rows
+  ids("const.perm.2x3x1.p112.i3x2", {3, 2});  // not a permutation
+  int id = 0;
+  auto gather = [&](const std::string& table, const std::string& idx, std::vector<int64_t> out) {
+    g.tensors.push_back(F32("y" + std::to_string(id), std::move(out)));
+    Op op;
+    op.id = id;
+    op.name = "gather" + std::to_string(id);
+    op.kind = OpKind::kCompute;
+    op.compute_type = ComputeType::kEmbedding;
+    op.stream = "compute";
+    op.inputs = {table, idx};
+    op.outputs = {"y" + std::to_string(id++)};
+    g.ops.push_back(op);
+  };
+  gather("t", "const.perm.1x3x4.p102.i3x1", {3, 1, 4});
+  gather("u", "const.perm.2x3x1.p102.i3x2", {3, 2, 1});
+  gather("u", "const.perm.2x3.p10.i3x2", {3, 2, 1});
+  gather("u", "const.perm.2x3x1.p102.i2x2", {2, 2, 1});
+  gather("u", "const.perm.2x3x1.p112.i3x2", {3, 2, 1});
+  Mesh mesh;
+  mesh.axes = {{"dap", 2}};
+  const GraphIndex index = GraphIndex::Build(g);
+  auto fill = [&](const std::string& name, int rank) -> Result<std::vector<float>> {
+    const int ti = index.tensor.at(name);
+    std::vector<float> out(g.tensors[ti].NumElements());
+    Status st = FillGraphInput(g, index, ti, mesh, rank, InitOptions{}, out.data());
+    if (!st.ok()) return st;
+    return out;
+  };
+  EXPECT_EQ(fill("const.ones.5", 0).value(), std::vector<float>(5, 1.0f));
+  EXPECT_EQ(fill("const.perm.1x3x4.p102.i3x1", 0).value(), (std::vector<float>{0, 1, 2}));
+  EXPECT_EQ(fill("const.perm.1x3x4.p102.i3x1", 1).value(), (std::vector<float>{3, 4, 5}));
+  const std::vector<float> swapped = {0, 3, 1, 4, 2, 5};
+  EXPECT_EQ(fill("const.perm.2x3x1.p102.i3x2", 1).value(), swapped);
+  EXPECT_EQ(fill("const.perm.2x3.p10.i3x2", 1).value(), swapped);
+  Result<std::vector<float>> shape = fill("const.perm.2x3x1.p102.i2x2", 0);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_HAS(shape.status().message(), "tensor 'const.perm.2x3x1.p102.i2x2': constant permutation "
+                                       "input: <ids> must be the tensor's local shape");
+  Result<std::vector<float>> perm = fill("const.perm.2x3x1.p112.i3x2", 0);
+  ASSERT_FALSE(perm.ok());
+  EXPECT_HAS(perm.status().message(), "p112 is not a permutation");
 }
 
 // ---- refusal, faults, measured timelines ----------------------------------------

@@ -26,6 +26,7 @@
 #include "concerto/schedule/window_solver.h"
 #include "concerto/runtime/launcher.h"
 #include "concerto/runtime/launcher_job.h"
+#include "concerto/runtime/flight_recorder.h"
 #include "concerto/runtime/profile.h"
 
 namespace {
@@ -505,6 +506,7 @@ int CmdRun(const RunFlags& rf) {
   request.fail_rank = rf.fail_rank;
   request.kill_op = rf.kill_op;
   request.kill_rank = rf.kill_rank;
+  request.status_dir = *tmp;
   MpirunSpec mpirun;
   mpirun.ranks = ranks;
   mpirun.as_root = RunningAsRoot();
@@ -523,9 +525,16 @@ int CmdRun(const RunFlags& rf) {
                        rf.iterations));
   SubprocessRunner runner;
   Result<int> code = LaunchWorker(mpirun, request, runner);
+  std::string what_happened;
+  if (code.ok() && *code != 0) {  // every rank's flight record: who died, in which op
+    std::vector<Result<RankFlightRecord>> records;
+    for (int r = 0; r < ranks; ++r) records.push_back(ReadFlightRecord(FlightRecordPath(*tmp, r)));
+    what_happened = DescribeFailedJob(sp->program, records);
+  }
   std::filesystem::remove_all(*tmp);
   if (!code.ok()) return Fail(code.status());
-  if (*code != 0) std::fprintf(stderr, "concerto: run failed: mpirun exited with code %d\n", *code);
+  if (*code != 0)
+    std::fprintf(stderr, "concerto: run failed: mpirun exited with code %d: %s\n", *code, what_happened.c_str());
   return *code;
 }
 
@@ -580,11 +589,16 @@ int CmdProfile(const ProfileFlags& pf) {
     for (const CollectiveSpec& s : ProgramCollectiveSpecs(*program))
       if (s.group_size <= ranks) specs.push_back(s);
   Result<std::vector<CollectiveSample>> samples = Status::Error("unreachable");
+  Result<InterferenceMeasurement> interference = Status::Error("unreachable");
+  InterferenceOptions interference_options;
+  interference_options.comm_bytes = std::min<int64_t>(interference_options.comm_bytes, pf.max_bytes / 4 * 4);
   std::string comm_backend;
   if (pf.in_process) {
     comm_backend = "in-process (FakeWorld threads: memory copies, no network)";
     Progress(fmt::format("timing {} collectives in process over {} threads", specs.size(), ranks));
     samples = ProfileCollectivesInProcess(ranks, specs, pf.reps);
+    Progress("measuring interference (compute while an all_reduce is in flight) over threads");
+    interference = MeasureInterferenceInProcess(ranks, interference_options);
   } else {
     comm_backend = "mpi (concerto_mpi_run over mpirun, TCP)";
     Result<std::string> dir = SelfExeDir();
@@ -596,23 +610,28 @@ int CmdProfile(const ProfileFlags& pf) {
     mpirun.as_root = RunningAsRoot();
     mpirun.worker = *worker;
     const std::string out = pf.out_dir + "/collectives.json";
+    const std::string interference_out = pf.out_dir + "/interference.json";
     mpirun.worker_args = {"--profile-comm", out, "--profile-specs", FormatCollectiveSpecs(specs),
-                          "--profile-reps", std::to_string(pf.reps)};
+                          "--profile-reps", std::to_string(pf.reps), "--profile-max-bytes",
+                          std::to_string(pf.max_bytes), "--profile-interference", interference_out};
     Result<std::vector<std::string>> argv = MpirunCommand(mpirun);
     if (!argv.ok()) return Fail(argv.status());
-    Progress(fmt::format("timing {} collectives over MPI on {} ranks", specs.size(), ranks));
+    Progress(fmt::format("timing {} collectives over MPI on {} ranks, then interference (compute while an "
+                         "all_reduce is in flight)", specs.size(), ranks));
     SubprocessRunner runner;
     Result<int> code = runner.Run(*argv);
     if (!code.ok()) return Fail(code.status());
     if (*code != 0) return Fail(Status::Error(fmt::format("collective profile: mpirun exited with code {}", *code)));
     samples = ReadCollectiveSamples(out);
+    interference = ReadInterference(interference_out);
   }
   if (!samples.ok()) return Fail(samples.status());
+  if (!interference.ok()) return Fail(interference.status());
   Result<ComputeFit> compute = FitCompute(kernels);
   if (!compute.ok()) return Fail(compute.status());
   Result<CollectiveFit> comm = FitCollectives(*samples);
   if (!comm.ok()) return Fail(comm.status());
-  const ClusterSpec cluster = MakeCpuLocalCluster(*compute, *comm, ranks, device);
+  const ClusterSpec cluster = MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference);
   const ProfileDb db = MakeProfileDb(device, kernels, *samples, program.get(), cluster);
   const std::string cluster_path = pf.out_dir + "/cpu-local.json", db_path = pf.out_dir + "/profile.json";
   if (Status s = WriteFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
@@ -631,9 +650,15 @@ int CmdProfile(const ProfileFlags& pf) {
                         {"link_latency_us", comm->latency_us},
                         {"link_bandwidth_gbps", comm->bandwidth_gbps},
                         {"link_fit_max_rel_error", comm->max_rel_error},
+                        {"interference", interference->interference},
+                        {"interference_comm_bytes", interference->comm_bytes},
+                        {"interference_kernels", nlohmann::json::array()},
                         {"profile_entries", db.size()},
                         {"profile_file", db_path},
                         {"cluster_file", cluster_path}};
+    for (const InterferenceKernel& k : interference->kernels)
+      j["interference_kernels"].push_back(
+          {{"kernel", k.kernel}, {"alone_us", k.alone_us}, {"overlapped_us", k.overlapped_us}});
     std::cout << j.dump(2) << "\n";
     return 0;
   }
@@ -642,10 +667,15 @@ int CmdProfile(const ProfileFlags& pf) {
       "fitted: matmul {:.4f} TFLOP/s (R^2 {:.3f}), memory {:.2f} GB/s (R^2 {:.3f}), launch {:.2f} us, vector "
       "efficiency {:.4f}\n"
       "fitted link: alpha {:.2f} us per step, {:.4f} GB/s (worst relative error {:.0f}%)\n"
+      "interference: {:.3f} (compute at 1/(1+f) while an all_reduce of {} bytes is in flight)\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
       kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
       compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
-      comm->latency_us, comm->bandwidth_gbps, 100 * comm->max_rel_error, db.size(), db_path, cluster_path);
+      comm->latency_us, comm->bandwidth_gbps, 100 * comm->max_rel_error, interference->interference,
+      interference->comm_bytes, db.size(), db_path, cluster_path);
+  for (const InterferenceKernel& k : interference->kernels)
+    std::cout << fmt::format("  {}: {:.1f} us alone, {:.1f} us with the all_reduce in flight (+{:.1f}%)\n", k.kernel,
+                             k.alone_us, k.overlapped_us, 100 * (k.overlapped_us / k.alone_us - 1));
   return 0;
 }
 
@@ -812,10 +842,18 @@ int main(int argc, char** argv) {
     for (const auto& name : ModelPresetNames()) {
       Result<ModelConfig> m = ModelPreset(name);
       if (!m.ok()) continue;
+      // Parameters in B from 1e9 up, else in M (mixtral-tiny: 2.17M, not 0.00B).
+      const double params = static_cast<double>(ModelParameterCount(*m));
+      const std::string count = params >= 1e9 ? fmt::format("{:.2f}B", params / 1e9)
+                                              : fmt::format("{:.2f}M", params / 1e6);
+      const std::string experts =
+          IsMoe(*m) ? fmt::format(", {} experts top-{} (capacity factor {:g})", m->experts, m->top_k,
+                                  m->capacity_factor)
+                    : "";
       std::cout << fmt::format("{:<14} {:<6} {:>3} layers, hidden {:>5}, {:>3} heads ({} kv), seq {}, vocab {}, "
-                               "batch {}, {:.2f}B parameters\n",
+                               "batch {}, {} parameters{}\n",
                                name, ToString(m->family), m->layers, m->hidden, m->heads, m->kv_heads, m->seq,
-                               m->vocab, m->batch, ModelParameterCount(*m) / 1e9);
+                               m->vocab, m->batch, count, experts);
     }
     return 0;
   }

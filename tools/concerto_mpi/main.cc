@@ -6,7 +6,9 @@
 //          [--profile DB] [--iterations N] [--warmup W] [--check]
 //          [--trace FILE] [--json] [--timeout SECONDS]
 //          [--fail-op NAME --fail-rank R] [--kill-op NAME --kill-rank R]
+//          [--status-dir DIR]
 //   mpirun -n N concerto_mpi_run --profile-comm OUT.json [--profile-specs SPECS]
+//          [--profile-interference OUT2.json]
 //
 // Rank 0 prepares the job (reads or lowers the program, reads or makes the
 // schedule: any baseline, or the Concerto scheduler, which has time limits
@@ -15,9 +17,11 @@
 // the MPI communicators of all groups and runs its rank warmup + iterations
 // times. Rank 0 gathers every rank's op records, reports the median
 // iteration (text or --json) and writes the Chrome trace of that
-// iteration; with --check it also gathers the last run's tensors and
-// compares them with the unsharded reference.
+// iteration; with --check it also gathers the first step's tensors and
+// compares them with the unsharded reference. Buffers are initialised once
+// and reused by every iteration.
 // Exit code 0 on success, 1 on any error (printed with the rank).
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -30,6 +34,8 @@
 
 #include "concerto/report/report.h"
 #include "concerto/runtime/executor.h"
+#include "concerto/runtime/flight_recorder.h"
+#include "concerto/runtime/kernels.h"
 #include "concerto/runtime/launcher_check.h"
 #include "concerto/runtime/launcher_job.h"
 #include "concerto/runtime/mpi_communicator.h"
@@ -53,8 +59,10 @@ struct Flags {
   double timeout_s = 60;
   std::string fail_op, kill_op;
   int fail_rank = -1, kill_rank = -1;
+  std::string status_dir;     // per-rank flight records (FlightRecorder), for the launcher
   std::string profile_comm;   // output file of the collective profile mode
   std::string profile_specs;  // "type:n:bytes,..."; default sweep when empty
+  std::string profile_interference;  // output file of the interference measurement (profile mode)
   int profile_reps = 5;
   int64_t profile_max_bytes = 16 << 20;
 };
@@ -63,9 +71,9 @@ constexpr const char* kUsage =
     "usage: concerto_mpi_run (--program P.json [--schedule S.json] | --model M --plan P) "
     "[--scheduler NAME] [--cluster C] [--profile DB] [--block N] [--rounds R] [--time-budget S] "
     "[--iterations N] [--warmup W] [--check] [--trace FILE] [--json] [--timeout S] "
-    "[--fail-op NAME --fail-rank R] [--kill-op NAME --kill-rank R]\n"
+    "[--fail-op NAME --fail-rank R] [--kill-op NAME --kill-rank R] [--status-dir DIR]\n"
     "   or: concerto_mpi_run --profile-comm OUT.json [--profile-specs TYPE:N:BYTES,...] [--profile-reps K] "
-    "[--profile-max-bytes B]";
+    "[--profile-max-bytes B] [--profile-interference OUT2.json]";
 
 /// A whole number from `text`, or an error naming the flag.
 Result<long long> Integer(const std::string& flag, const std::string& text) {
@@ -114,8 +122,10 @@ Result<Flags> ParseFlags(int argc, char** argv) {
     CONCERTO_FLAG_STRING("--trace", f.trace)
     CONCERTO_FLAG_STRING("--fail-op", f.fail_op)
     CONCERTO_FLAG_STRING("--kill-op", f.kill_op)
+    CONCERTO_FLAG_STRING("--status-dir", f.status_dir)
     CONCERTO_FLAG_STRING("--profile-comm", f.profile_comm)
     CONCERTO_FLAG_STRING("--profile-specs", f.profile_specs)
+    CONCERTO_FLAG_STRING("--profile-interference", f.profile_interference)
     CONCERTO_FLAG_INT("--block", f.job.concerto_block_ops, 2)
     CONCERTO_FLAG_INT("--rounds", f.job.concerto_rounds, 1)
     CONCERTO_FLAG_INT("--iterations", f.iterations, 1)
@@ -300,8 +310,17 @@ Status ProfileCommMode(MpiCommunicator& comm, const Flags& flags) {
   CONCERTO_RETURN_IF_ERROR(comm.CreateGroups(groups));
   Result<std::vector<CollectiveSample>> samples = ProfileCollectives(comm, specs, flags.profile_reps);
   if (!samples.ok()) return samples.status();
+  if (comm.rank() == 0)
+    CONCERTO_RETURN_IF_ERROR(WriteFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size())));
+  if (flags.profile_interference.empty()) return Status::Ok();
+  // Compute slowed by an all_reduce in flight on a second thread of this
+  // process, over MPI as in a run (the world group exists already).
+  InterferenceOptions options;
+  options.comm_bytes = std::min<int64_t>(options.comm_bytes, flags.profile_max_bytes / 4 * 4);
+  Result<InterferenceMeasurement> m = MeasureInterference(comm, options);
+  if (!m.ok()) return m.status();
   if (comm.rank() != 0) return Status::Ok();
-  return WriteFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size()));
+  return WriteFile(flags.profile_interference, WriteInterference(*m));
 }
 
 /// The whole tool; returns the process exit code.
@@ -319,7 +338,9 @@ int Main(int argc, char** argv) {
   };
   Result<Flags> flags = ParseFlags(argc, argv);
   if (!flags.ok()) return rank == 0 ? fail(flags.status().message()) : 1;
+  comm.SetTimeout(flags->timeout_s);  // --timeout (60 s) for every MPI call, not MpiOptions' default
   if (!flags->profile_comm.empty()) {
+    SetBlasThreads(1);  // as in a run (the interference kernels)
     Status st = ProfileCommMode(comm, *flags);
     return st.ok() ? 0 : fail(st.message());
   }
@@ -335,27 +356,63 @@ int Main(int argc, char** argv) {
   options.timeout_s = flags->timeout_s;
   options.fail_op = flags->fail_op;
   options.fail_rank = flags->fail_rank;
-  if (!flags->kill_op.empty()) {
-    // The process ends abruptly (SIGKILL, no MPI_Abort, no clean-up): what a
-    // crashed or OOM-killed rank looks like to mpirun and the other ranks.
-    options.before_op = [kill_op = flags->kill_op, kill_rank = flags->kill_rank](int r, int op_index, const Op& op) {
-      if (r != kill_rank || op.name != kill_op) return;
-      std::fprintf(stderr, "concerto_mpi_run: rank %d: killed at op %d '%s' (--kill-op fault injection)\n", r,
-                   op_index, op.name.c_str());
-      std::fflush(stderr);
-      raise(SIGKILL);
+  // --status-dir: a flight recorder (a mapped file that survives SIGKILL)
+  // holds the op each stream runs, for the launcher's message about a
+  // failed job; SIGTERM (mpirun stopping the job) is recorded too.
+  std::unique_ptr<FlightRecorder> recorder;
+  std::vector<int> stream_of_op;  // this rank's graph: op index -> stream index
+  if (!flags->status_dir.empty()) {
+    const Graph& graph = sp->program.GraphOf(sp->program.roles[sp->program.RoleOfRank(rank)]);
+    for (const Op& op : graph.ops)
+      stream_of_op.push_back(static_cast<int>(
+          std::find(graph.streams.begin(), graph.streams.end(), op.stream) - graph.streams.begin()));
+    Result<std::unique_ptr<FlightRecorder>> r =
+        FlightRecorder::Create(FlightRecordPath(flags->status_dir, rank), rank, static_cast<int>(graph.streams.size()));
+    if (!r.ok()) return fail(r.status().message());
+    recorder = std::move(r).value();
+    recorder->RecordTermination();
+    options.after_op = [&recorder, &stream_of_op](int, int op_index, const Op&, bool ok) {
+      recorder->End(stream_of_op[op_index]);
+      if (!ok) recorder->SetState(RankState::kFailed);  // before the executor's MPI_Abort
     };
   }
+  options.before_op = [&recorder, &stream_of_op, kill_op = flags->kill_op, kill_rank = flags->kill_rank](
+                          int r, int op_index, const Op& op) {
+    if (recorder) recorder->Begin(stream_of_op[op_index], op_index);
+    if (r != kill_rank || op.name != kill_op) return;
+    // The process ends abruptly (SIGKILL, no MPI_Abort, no clean-up): what a
+    // crashed or OOM-killed rank looks like to mpirun and the other ranks.
+    std::fprintf(stderr, "concerto_mpi_run: rank %d: killed at op %d '%s' (--kill-op fault injection)\n", r,
+                 op_index, op.name.c_str());
+    std::fflush(stderr);
+    raise(SIGKILL);
+  };
 
   if (Status st = comm.CreateGroups(CollectAllGroups(sp->program)); !st.ok()) return fail(st.message());
+  // One OpenBLAS thread per process (RunOptions::blas_threads): the
+  // pthreads build otherwise starts one spinning thread per core in every
+  // rank, which takes the cores from the other ranks and from MPI.
+  SetBlasThreads(options.blas_threads);
+  // Buffers are allocated and initialised once; every iteration runs the
+  // same step on them (RankSession). --check compares the first step's
+  // tensors (a copy taken then).
   std::vector<std::vector<OpRecord>> measured;  // this rank, per measured iteration
-  RankTensors last;
+  RankTensors first;
+  auto failed = [&](const std::string& msg) {
+    if (recorder) recorder->SetState(RankState::kFailed);
+    return fail(msg);
+  };
+  if (recorder) recorder->SetState(RankState::kRunning);
+  Result<std::unique_ptr<RankSession>> session = RankSession::Create(*sp, comm, options);
+  if (!session.ok()) return failed(session.status().message());
   for (int i = 0; i < flags->warmup + flags->iterations; ++i) {
-    Result<RankRun> run = RunRank(*sp, comm, options);
-    if (!run.ok()) return fail(run.status().message());
-    if (i >= flags->warmup) measured.push_back(std::move(run->records));
-    last = std::move(run->tensors);
+    Result<std::vector<OpRecord>> records = (*session)->Step();
+    if (!records.ok()) return failed(records.status().message());
+    if (i >= flags->warmup) measured.push_back(std::move(records).value());
+    if (i == 0 && flags->check) first = (*session)->Tensors();
   }
+  session->reset();
+  if (recorder) recorder->SetState(RankState::kDone);
 
   // Gather the records on rank 0.
   if (rank != 0) {
@@ -379,11 +436,11 @@ int Main(int argc, char** argv) {
   std::string check_summary;
   if (flags->check) {
     if (rank != 0) {
-      if (Status st = comm.SendBytes(PackTensors(last), 0, kTensorsTag); !st.ok()) return fail(st.message());
+      if (Status st = comm.SendBytes(PackTensors(first), 0, kTensorsTag); !st.ok()) return fail(st.message());
     } else {
       RunResult run;
       run.ranks.resize(comm.size());
-      run.ranks[0] = std::move(last);
+      run.ranks[0] = std::move(first);
       for (int r = 1; r < comm.size(); ++r) {
         Result<std::string> bytes = comm.RecvBytes(r, kTensorsTag);
         if (!bytes.ok()) return fail(bytes.status().message());

@@ -2,7 +2,7 @@
 // mixture of experts) lowered to the IR under a ParallelPlan: data
 // parallelism (plain or ZeRO 1/2/3), Megatron tensor parallelism, sequence
 // parallelism, gradient accumulation over micro-batches, pipeline
-// parallelism (1F1B) and expert parallelism. One SPMD graph, or one graph per pipeline
+// parallelism (1F1B, plain or interleaved) and expert parallelism. One SPMD graph, or one graph per pipeline
 // stage, with real local shapes, sharding specs, flops, bytes, collectives
 // and sends/recvs. The op list, the collective placement and the conventions
 // are in docs/workloads.md and docs/frontends.md.
@@ -103,6 +103,11 @@ int64_t ModelParameterCount(const ModelConfig& model);
 /// coordinate i (contiguous) and layers [i*L/pp, (i+1)*L/pp); its forwards
 /// and backwards follow the 1F1B order and exchange activations and their
 /// gradients with the neighbouring stages by send/recv (docs/frontends.md).
+/// With vstages = v > 1 each stage graph holds v model chunks (virtual
+/// stages chunk*pp + i) in Megatron's interleaved 1F1B order, with sends and
+/// recvs between virtual stages (the last stage sends to the first for the
+/// next chunk). plan.order reorders the mesh axes (PlanMeshAxes); a stage's
+/// role then holds the ranks whose pp coordinate is i.
 /// With ep > 1 (a mixture of experts) the mesh splits the data-parallel
 /// ranks into {dp: dp/ep, ep: ep} ({pp,} dp, ep, tp): activations are
 /// sharded over both, experts over ep, and the MoE layer's dispatch and

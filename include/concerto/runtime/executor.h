@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct RunOptions {
   /// (after its waits). Tools use it for fault injection that must not be
   /// a clean error, e.g. concerto_mpi_run --kill-op ends the process here.
   std::function<void(int rank, int op_index, const Op& op)> before_op;
+  /// Called by a stream thread just after op `op_index` of `rank` ran
+  /// (`ok`: it succeeded), before a failure aborts the job. Tools record
+  /// the ops in flight with the two hooks (FlightRecorder).
+  std::function<void(int rank, int op_index, const Op& op, bool ok)> after_op;
 };
 
 /// One rank's tensors after the step (fp32, by tensor name).
@@ -80,10 +85,51 @@ Status CheckRunnable(const ScheduledProgram& sp);
 /// launcher calls this once per process with its MPI communicator.
 Result<RankRun> RunRank(const ScheduledProgram& sp, Communicator& comm, const RunOptions& options);
 
+/// One rank's executor kept across steps, so that iterations reuse their
+/// buffers: Create resolves the rank's role and schedule and allocates and
+/// initialises every tensor once; each Step runs the whole step again on
+/// the same buffers (start barrier, one thread per stream). No op writes a
+/// graph input (Adam writes `<param>.next`, not the parameter) and every
+/// kernel overwrites its outputs whole, so every step computes the same
+/// values as the first (tested bit for bit in process).
+class RankSession {
+ public:
+  /// Errors (after aborting `comm`, so the other ranks stop): the rank has
+  /// no role or schedule, an input cannot be initialised.
+  static Result<std::unique_ptr<RankSession>> Create(const ScheduledProgram& sp, Communicator& comm,
+                                                     const RunOptions& options);
+  ~RankSession();
+  RankSession(const RankSession&) = delete;
+  RankSession& operator=(const RankSession&) = delete;
+
+  /// Runs one step: its records, in microseconds since this rank left the
+  /// step's start barrier. On an op failure the communicator is aborted and
+  /// the error names rank and op; the session cannot step again.
+  Result<std::vector<OpRecord>> Step();
+  /// A copy of the rank's tensors as they are now.
+  RankTensors Tensors() const;
+  /// The tensors moved out; the session must not Step afterwards.
+  RankTensors TakeTensors();
+
+  class Impl;
+
+ private:
+  explicit RankSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
 /// Runs every rank of `sp` in this process, one thread group per rank over a
 /// FakeWorld. Refuses a program or schedule that CheckRunnable rejects.
 /// The error of a failed run is the first failure (not the aborts it caused).
 Result<RunResult> RunInProcess(const ScheduledProgram& sp, const RunOptions& options = {});
+
+/// RunInProcess `steps` times on buffers initialised once (a RankSession
+/// per rank). `per_step` (optional) gets every step's records ([step][rank]).
+/// The result holds the last step's timeline and the tensors as they were
+/// after the FIRST step (copied then when steps > 1): what a reference
+/// check compares. Errors: steps < 1, and those of RunInProcess.
+Result<RunResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions& options, int steps,
+                                    std::vector<std::vector<std::vector<OpRecord>>>* per_step = nullptr);
 
 /// Assembles per-rank records into a Timeline (ranks, makespan, per-stream
 /// busy time; no critical path).

@@ -67,6 +67,8 @@ struct WorkerRequest {
   double timeout_s = 60;
   std::string fail_op, kill_op;  // fault injection (empty: none)
   int fail_rank = -1, kill_rank = -1;
+  /// Where each rank keeps its flight record (FlightRecorder; empty: none).
+  std::string status_dir;
 };
 
 /// concerto_mpi_run's argv (after the binary) for `request`.

@@ -17,13 +17,14 @@ namespace concerto {
 Result<RunOptions> JobRunOptions(const std::string& model);
 
 /// Runs `sp` in this process (threads as ranks) `warmup + iterations` times
-/// and measures the last `iterations`; `last` (when not null) gets the
-/// tensors of the last run, for the reference check.
+/// on buffers initialised once (RunInProcessSteps) and measures the last
+/// `iterations`; `first` (when not null) gets the tensors after the first
+/// step, for the reference check.
 Result<MeasuredJob> RunJobInProcess(const ScheduledProgram& sp, const RunOptions& options, int iterations,
-                                    int warmup, RunResult* last = nullptr);
+                                    int warmup, RunResult* first = nullptr);
 
 /// Lowers `model` unsharded (dp = tp = 1, batch x dp, the plan's
-/// micro-batches), runs it in process with the fifo schedule, and compares
+/// micro-batches; `plan` is a plan string or a plan file, LoadPlan), runs it in process with the fifo schedule, and compares
 /// `run` of `sp` with it (CompareToReference). Returns the report's summary
 /// line, or an error naming the first diverging tensor.
 Result<std::string> CheckAgainstReference(const std::string& model, const std::string& plan,

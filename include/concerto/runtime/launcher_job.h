@@ -81,13 +81,13 @@ struct LocalJobOptions {
   int iterations = 1;
   int warmup = 0;
   double timeout_s = 30;
-  bool check = false;         // compare the last run with the unsharded reference
+  bool check = false;         // compare the first step with the unsharded reference
   std::string model, plan;    // the reference's model and plan (check), and init layouts
   std::string fail_op;        // fault injection: this op fails on fail_rank
   int fail_rank = -1;
 };
-/// Runs `sp` warmup + iterations times in process and measures the last
-/// `iterations`; with check, job.check holds the reference's summary (a
+/// Runs `sp` warmup + iterations times in process (buffers initialised
+/// once) and measures the last `iterations`; with check, job.check holds the reference's summary (a
 /// mismatch is an error naming the first diverging tensor).
 Result<MeasuredJob> RunLocalJob(const ScheduledProgram& sp, const LocalJobOptions& options);
 

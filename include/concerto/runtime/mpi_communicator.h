@@ -60,6 +60,10 @@ class MpiCommunicator : public Communicator {
   /// every rank). Groups this rank is not in cost one MPI_Comm_split each.
   Status CreateGroups(const std::vector<std::vector<int>>& groups);
 
+  /// Changes how long later calls wait for their peers (MpiOptions::timeout_s;
+  /// tools parse their flags after MPI_Init). Call before any stream runs.
+  void SetTimeout(double timeout_s);
+
   int rank() const override;
   int size() const override;
 

@@ -39,8 +39,9 @@ struct KernelProfileOptions {
 /// Times every distinct compute op (by signature) of every role's graph of
 /// `program`, on the role's first rank's shard, with the runtime's kernels
 /// (RunKernel) on synthetic inputs (floats in [0.01, 0.5), integer tensors
-/// 0). `cluster` gives the signature's device context. Errors: an op the
-/// runtime cannot run.
+/// 0). `cluster` gives the signature's device context. Sets OpenBLAS to
+/// one thread (process-wide), as a run uses. Errors: an op the runtime
+/// cannot run.
 Result<std::vector<KernelSample>> ProfileKernels(const Program& program, const ClusterSpec& cluster,
                                                  const KernelProfileOptions& options = {});
 
@@ -114,8 +115,10 @@ Result<LinearFit> FitLine(const std::vector<double>& x, const std::vector<double
 /// (or of the largest size measured, when smaller; all_reduce only when it
 /// has two or more: the collective data parallelism runs on, and the one
 /// the fitted link matters most for); alpha is the median per-step
-/// remainder of the samples of at most 64 KiB (or of the smallest size);
-/// the two are refined alternately.
+/// remainder (time minus the bandwidth term, at least 0) of the samples of
+/// at most 4 KiB (or of the smallest size measured): mid-size messages on a
+/// tbf-shaped link measure its token bucket, not the latency. The two are
+/// refined alternately.
 struct CollectiveFit {
   double latency_us = 0;       // alpha per step
   double bandwidth_gbps = 0;   // B, GB/s per rank
@@ -138,11 +141,82 @@ struct ComputeFit {
 /// Errors: fewer than two distinct matmul or streaming samples.
 Result<ComputeFit> FitCompute(const std::vector<KernelSample>& samples);
 
+/// Interference: how much slower compute runs while a collective is in
+/// flight on another thread of the same process (the machine model's
+/// `interference` f: compute progresses at 1/(1+f) while communication is
+/// in flight; docs/architecture.md).
+struct InterferenceOptions {
+  /// The collective kept in flight: an all_reduce (sum) of this many bytes
+  /// over the whole world, issued back to back by a second thread.
+  int64_t comm_bytes = 16 << 20;
+  /// The compute kernels, run with the runtime's own kernels (RunKernel):
+  /// a matmul [m, m] x [m, m] and an elementwise add of this many floats.
+  int64_t matmul_size = 512;
+  int64_t add_elements = int64_t{1} << 22;
+  /// Rounds of (alone phase, overlapped phase), so that a drift in the
+  /// machine's load affects both alike. Per round, kernel and phase at
+  /// least min_samples timed runs; an overlapped phase lasts at least
+  /// min_time_s (at most max_collectives all_reduces).
+  int rounds = 5;
+  int min_samples = 3;
+  double min_time_s = 0.3;
+  int max_collectives = 400;
+};
+
+/// One kernel's medians, averaged over the ranks.
+struct InterferenceKernel {
+  std::string kernel;      // "matmul 512x512x512", "add 4194304 floats"
+  double alone_us = 0;     // every rank computing, no communication
+  double overlapped_us = 0;  // the same while the all_reduce is in flight
+  int alone_reps = 0, overlapped_reps = 0;  // rank 0's counts
+};
+
+struct InterferenceMeasurement {
+  std::vector<InterferenceKernel> kernels;
+  int ranks = 0;
+  int64_t comm_bytes = 0;
+  int collectives = 0;        // all_reduces issued during the overlapped phases
+  std::vector<double> round_factors;  // InterferenceFactor of each round's medians
+  double interference = 0;    // MedianFactor(round_factors)
+};
+
+/// f = (sum of the kernels' overlapped times) / (sum of their alone times)
+/// - 1, clamped to [0, 10] (the cluster file's range): the slowdown of a
+/// compute mix of one matmul and one elementwise op. 0 for no kernels.
+double InterferenceFactor(const std::vector<InterferenceKernel>& kernels);
+/// The lower median of per-round factors (robust to a round hit by a load
+/// spike on a shared machine); 0 when empty.
+double MedianFactor(const std::vector<double>& factors);
+
+/// Every rank of the world calls this together, `rounds` times two phases.
+/// Alone: after a world barrier every rank times each kernel. Overlapped:
+/// a second thread issues all_reduces of comm_bytes on the world back to
+/// back while this thread times the kernels, keeping a run only when the
+/// collective was in flight from its start to its end. The ranks agree on
+/// when to stop through the all_reduce itself (each contributes 1 in
+/// element 0 once it has enough samples; they stop when the sum reaches the
+/// world size). Per kernel the median of each phase's runs over all rounds,
+/// averaged over the ranks; per round the same from that round's runs,
+/// whose factor (InterferenceFactor) goes to round_factors; the result is
+/// their median. Every rank returns the same measurement.
+/// OpenBLAS runs one thread (set process-wide), as in a run. Errors: a world of fewer than 2 ranks, comm_bytes not a positive
+/// multiple of 4, any communicator error.
+Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const InterferenceOptions& options);
+/// MeasureInterference over a FakeWorld of `ranks` threads (measures this
+/// process's memory copies competing with compute, not a network).
+Result<InterferenceMeasurement> MeasureInterferenceInProcess(int ranks, const InterferenceOptions& options);
+
+/// As JSON ({"format": "concerto-interference", ...}) and back; errors name
+/// the file and the field.
+std::string WriteInterference(const InterferenceMeasurement& m);
+Result<InterferenceMeasurement> ReadInterference(const std::string& path);
+
 /// The `cpu-local` cluster: one node of `ranks` devices (one per process)
 /// with the fitted device and the fitted link on both intra and inter
-/// links; ring collectives; no interference (not measured).
+/// links; ring collectives; `interference` as measured (MeasureInterference;
+/// 0 when not measured).
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
-                                const std::string& device_name);
+                                const std::string& device_name, double interference = 0);
 
 /// A profile database for `device`: every kernel sample, and for every
 /// collective op of `program` (if any) whose (type, group size, bytes) was

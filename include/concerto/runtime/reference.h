@@ -17,11 +17,16 @@ namespace concerto {
 struct Tolerance {
   /// |loss - ref| <= loss_rel * max(1, |ref|).
   double loss_rel = 1e-5;
-  /// Per gradient tensor: max |g - ref| <= grad_rel * max |ref|.
+  /// Per gradient tensor: max |g - ref| <= grad_rel * max |ref| + grad_abs.
   double grad_rel = 1e-4;
   /// Per updated parameter: max |p - ref| <= param_abs. (One Adam step moves
   /// each element by about lr = 1e-4; a flipped update differs by 2 lr.)
   double param_abs = 5e-5;
+  /// An absolute floor for gradients that are zero in exact arithmetic (the
+  /// Evoformer's pair-bias LayerNorm beta: a per-head constant added to every
+  /// score of a softmax row), where the relative bound would compare
+  /// rounding noise with rounding noise. 0: none.
+  double grad_abs = 0;
 };
 
 /// One compared tensor.

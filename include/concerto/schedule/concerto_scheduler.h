@@ -60,6 +60,7 @@ struct ConcertoReport {
   int windows_unsolved = 0;       // no answer in time (the window kept its order)
   int windows_hit_time_limit = 0; // stopped by the wall-clock safety net
   int passes_over_memory = 0;     // decoded passes over the budget, undone
+  int inter_node_stream_ops = 0;  // collectives moved to an inter-node stream (0: not split)
   int fused_collectives = 0;      // collectives merged by the fusion pass
   double fusion_gain_us = 0;
   double seconds = 0;
