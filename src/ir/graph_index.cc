@@ -8,6 +8,9 @@ namespace concerto {
 GraphIndex GraphIndex::Build(const Graph& graph) {
   GraphIndex idx;
   const int n_ops = static_cast<int>(graph.ops.size());
+  // Sized up front: no rehashing, and each op's inputs are looked up once.
+  idx.tensor.reserve(graph.tensors.size());
+  idx.op.reserve(graph.ops.size());
   for (size_t t = 0; t < graph.tensors.size(); ++t)
     idx.tensor.emplace(graph.tensors[t].name, static_cast<int>(t));
   for (int i = 0; i < n_ops; ++i) idx.op.emplace(graph.ops[i].id, i);
@@ -23,18 +26,19 @@ GraphIndex GraphIndex::Build(const Graph& graph) {
   }
   for (int i = 0; i < n_ops; ++i) {
     const Op& op = graph.ops[i];
+    auto& p = idx.preds[i];
+    p.reserve(op.inputs.size() + op.control_deps.size());
     for (const auto& name : op.inputs) {
       auto it = idx.tensor.find(name);
       if (it == idx.tensor.end()) continue;
       idx.consumers[it->second].push_back(i);
-      int p = idx.producer[it->second];
-      if (p >= 0 && p != i) idx.preds[i].push_back(p);
+      int q = idx.producer[it->second];
+      if (q >= 0 && q != i) p.push_back(q);
     }
     for (int dep : op.control_deps) {
       auto it = idx.op.find(dep);
-      if (it != idx.op.end() && it->second != i) idx.preds[i].push_back(it->second);
+      if (it != idx.op.end() && it->second != i) p.push_back(it->second);
     }
-    auto& p = idx.preds[i];
     std::sort(p.begin(), p.end());
     p.erase(std::unique(p.begin(), p.end()), p.end());
     for (int q : p) idx.succs[q].push_back(i);

@@ -101,9 +101,7 @@ Status ParseJsonText(const std::string& text, const std::string& source, json* r
     *root = json::parse(text);
     return Status::Ok();
   } catch (const json::parse_error& e) {
-    size_t offset = e.byte > 0 ? e.byte - 1 : 0;
-    return Status::Error(source + ":" + LineColumn(text, offset) +
-                         ": malformed JSON: " + JsonErrorText(e.what()));
+    return Status::Error(MalformedJsonMessage(text, source, e.byte, e.what()));
   } catch (const json::exception& e) {
     ErrorLocator locator;
     json::sax_parse(text, &locator);
@@ -925,6 +923,12 @@ std::string WriteProgram(const Program& program) {
   WritePretty(ProgramJson(program), 0, 0, &out);
   out += "\n";
   return out;
+}
+
+std::string MalformedJsonMessage(const std::string& text, const std::string& source, size_t byte,
+                                 const std::string& what) {
+  const size_t offset = byte > 0 ? byte - 1 : 0;
+  return source + ":" + LineColumn(text, offset) + ": malformed JSON: " + JsonErrorText(what);
 }
 
 }  // namespace concerto

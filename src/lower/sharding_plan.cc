@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "concerto/ir/json_io.h"
 #include "concerto/lower/plan.h"
 #include "concerto/lower/transformer.h"
 
@@ -18,28 +19,6 @@ namespace {
 
 using ojson = nlohmann::ordered_json;
 
-/// "3:17": 1-based line and column of byte `offset` (0-based) in `text`.
-std::string LineColumn(const std::string& text, size_t offset) {
-  offset = std::min(offset, text.size());
-  size_t line = 1, line_start = 0;
-  for (size_t i = 0; i < offset; ++i)
-    if (text[i] == '\n') {
-      ++line;
-      line_start = i + 1;
-    }
-  return std::to_string(line) + ":" + std::to_string(offset - line_start + 1);
-}
-
-/// nlohmann's message without its "[json.exception...] parse error at ..: " prefix.
-std::string JsonErrorText(const std::string& what) {
-  size_t at = what.find("column ");
-  if (at != std::string::npos) {
-    size_t colon = what.find(": ", at);
-    if (colon != std::string::npos) return what.substr(colon + 2);
-  }
-  size_t bracket = what.find("] ");
-  return bracket == std::string::npos ? what : what.substr(bracket + 2);
-}
 
 /// Reads one sharding file's JSON into a ShardingPlan.
 class ShardingParser {
@@ -220,9 +199,7 @@ Result<ShardingPlan> ParseShardingPlan(const std::string& text, const std::strin
   try {
     root = ojson::parse(text);
   } catch (const ojson::parse_error& e) {
-    size_t offset = e.byte > 0 ? e.byte - 1 : 0;
-    return Status::Error(source + ":" + LineColumn(text, offset) + ": malformed JSON: " +
-                         JsonErrorText(e.what()));
+    return Status::Error(MalformedJsonMessage(text, source, e.byte, e.what()));
   }
   return ShardingParser(root, source).Parse();
 }

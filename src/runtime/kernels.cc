@@ -687,22 +687,30 @@ Status MoeDispatch(const Op& op, const std::vector<KernelArg>& in, const std::ve
   return Status::Ok();
 }
 
+/// out[token] = the sum over the token's kept slots of gate x rows[slot]
+/// (gate 1 when `gates` is null; a dropped choice adds nothing), in double.
+void SumSlotRows(const MoeDims& d, const std::vector<int64_t>& slots, const float* rows, const float* gates,
+                 float* out) {
+  std::vector<double> acc(d.h);
+  for (int64_t t = 0; t < d.groups * d.tokens; ++t) {
+    std::fill(acc.begin(), acc.end(), 0.0);
+    for (int64_t j = 0; j < d.k; ++j) {
+      const int64_t slot = slots[t * d.k + j];
+      if (slot < 0) continue;
+      const double gate = gates ? gates[t * d.k + j] : 1.0;
+      for (int64_t c = 0; c < d.h; ++c) acc[c] += gate * rows[slot * d.h + c];
+    }
+    for (int64_t c = 0; c < d.h; ++c) out[t * d.h + c] = static_cast<float>(acc[c]);
+  }
+}
+
 /// (dbuffers, ids) -> dx [G, n, h]: each token sums the rows of its kept slots.
 Status MoeDispatchGrad(const Op& op, const std::vector<KernelArg>& in,
                        const std::vector<KernelArg>& out) {
   const MoeDims d = MakeMoeDims(*out[0].meta, *in[1].meta, *in[0].meta);
   Result<std::vector<int64_t>> slots = MoeSlots(op, in[1], d);
   if (!slots.ok()) return slots.status();
-  std::vector<double> acc(d.h);
-  for (int64_t t = 0; t < d.groups * d.tokens; ++t) {
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t j = 0; j < d.k; ++j) {
-      const int64_t slot = (*slots)[t * d.k + j];
-      if (slot < 0) continue;
-      for (int64_t c = 0; c < d.h; ++c) acc[c] += in[0].data[slot * d.h + c];
-    }
-    for (int64_t c = 0; c < d.h; ++c) out[0].data[t * d.h + c] = static_cast<float>(acc[c]);
-  }
+  SumSlotRows(d, *slots, in[0].data, nullptr, out[0].data);
   return Status::Ok();
 }
 
@@ -712,17 +720,7 @@ Status MoeCombine(const Op& op, const std::vector<KernelArg>& in, const std::vec
   const MoeDims d = MakeMoeDims(*out[0].meta, *in[1].meta, *in[0].meta);
   Result<std::vector<int64_t>> slots = MoeSlots(op, in[1], d);
   if (!slots.ok()) return slots.status();
-  std::vector<double> acc(d.h);
-  for (int64_t t = 0; t < d.groups * d.tokens; ++t) {
-    std::fill(acc.begin(), acc.end(), 0.0);
-    for (int64_t j = 0; j < d.k; ++j) {
-      const int64_t slot = (*slots)[t * d.k + j];
-      if (slot < 0) continue;
-      const double gate = in[2].data[t * d.k + j];
-      for (int64_t c = 0; c < d.h; ++c) acc[c] += gate * in[0].data[slot * d.h + c];
-    }
-    for (int64_t c = 0; c < d.h; ++c) out[0].data[t * d.h + c] = static_cast<float>(acc[c]);
-  }
+  SumSlotRows(d, *slots, in[0].data, in[2].data, out[0].data);
   return Status::Ok();
 }
 

@@ -454,6 +454,18 @@ Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& sample
     }
     alpha = Median(rest);
   }
+  if (!(per_byte > 0)) {
+    // Noise: the large messages were no slower than alpha alone predicts
+    // (e.g. tiny in-process sweeps). Alpha 0, B from the large ones alone.
+    alpha = 0;
+    double num = 0, den = 0;
+    for (const CollectiveSample* s : large) {
+      const double x = RingFactors(s->spec.type, s->spec.group_size).second * static_cast<double>(s->spec.bytes);
+      num += x * s->time_us;
+      den += x * x;
+    }
+    per_byte = num / den;
+  }
   if (!(per_byte > 0)) return Status::Error("collective fit: non-positive time per byte");
   CollectiveFit fit;
   fit.latency_us = alpha;
@@ -602,6 +614,7 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   std::vector<float> send(count, 0.0f), recv(count);
   int collectives = 0;
   std::vector<float> round_medians;  // per round, per kernel: alone, overlapped
+  bool missing = false;              // a round without an overlapped run of some kernel
   if (o.rounds < 1) return Status::Error("interference: rounds must be at least 1");
   for (int round = 0; round < o.rounds; ++round) {
     // Alone: every rank computes, nothing communicates.
@@ -634,7 +647,7 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
           break;
         }
         // Every rank sees the same sum, so every rank stops after the same call.
-        if (recv[0] > n - 0.5f || issued >= o.max_collectives) break;
+        if (recv[0] > n - 0.5f) break;
       }
       in_flight = false;
       finished = true;
@@ -649,20 +662,23 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
         return t.status();
       }
       if (before && in_flight) overlapped[i].push_back(*t);
-      bool all = SecondsSince(start) >= o.min_time_s;
+      const double elapsed = SecondsSince(start);
+      bool all = elapsed >= o.min_time_s;
       for (size_t k = 0; k < kernels.size(); ++k)
         all = all && static_cast<int>(overlapped[k].size() - had[k]) >= o.min_samples;
-      if (all) enough = true;
+      if (all || elapsed >= o.max_time_s) enough = true;
     }
     comm_thread.join();
     CONCERTO_RETURN_IF_ERROR(comm_status);
     collectives += issued;
     for (size_t i = 0; i < kernels.size(); ++i) {
-      if (overlapped[i].size() == had[i])
-        return Status::Error("interference: rank " + std::to_string(comm.rank()) + " timed no " +
-                             kernels[i].label + " while the all_reduce was in flight (raise max_collectives)");
       round_medians.push_back(static_cast<float>(
           Median(std::vector<double>(alone[i].begin() + static_cast<int64_t>(alone_had[i]), alone[i].end()))));
+      if (overlapped[i].size() == had[i]) {  // decided together below, so no rank is left waiting
+        missing = true;
+        round_medians.push_back(0);
+        continue;
+      }
       round_medians.push_back(static_cast<float>(
           Median(std::vector<double>(overlapped[i].begin() + static_cast<int64_t>(had[i]), overlapped[i].end()))));
     }
@@ -672,11 +688,16 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   std::vector<float> medians;
   for (size_t i = 0; i < kernels.size(); ++i) {
     medians.push_back(static_cast<float>(Median(alone[i])));
-    medians.push_back(static_cast<float>(Median(overlapped[i])));
+    medians.push_back(overlapped[i].empty() ? 0.0f : static_cast<float>(Median(overlapped[i])));
   }
   medians.insert(medians.end(), round_medians.begin(), round_medians.end());
+  medians.push_back(missing ? 1.0f : 0.0f);
   CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, medians.data(), medians.data(),
                                           static_cast<int64_t>(medians.size())));
+  if (medians.back() > 0.5f)
+    return Status::Error("interference: in some round a kernel never ran entirely while the all_reduce of " +
+                         std::to_string(o.comm_bytes) + " bytes was in flight (the collective is too short for "
+                         "the kernel; raise comm_bytes or max_time_s)");
   InterferenceMeasurement m;
   m.ranks = n;
   m.comm_bytes = o.comm_bytes;

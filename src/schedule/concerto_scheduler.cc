@@ -9,10 +9,12 @@
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>
+#include <future>
 #include <map>
 #include <numeric>
 #include <optional>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 
 #include "concerto/ir/graph_index.h"
@@ -70,15 +72,23 @@ void StripSchedulerEdges(const Program& input, Program& scheduled) {
   }
 }
 
-/// Whether every member of `op`'s group sits on one node, for every rank of
-/// every role running `graph_name`; nullopt when ranks disagree.
+/// Where a collective's group sits, for every rank of every role running
+/// `graph_name`: true when every member shares the rank's node (NVLink only),
+/// false when every member is on a different node (network only: each
+/// member's share of its node's NICs, no NVLink), nullopt when ranks disagree
+/// or the group mixes both (a hierarchical collective uses NVLink in its
+/// intra-node phases, so it would contend with the intra-node collectives).
 std::optional<bool> IntraNode(const Program& p, const std::string& graph_name, const Op& op, const ClusterSpec& c) {
   std::optional<bool> intra;
   for (const Role& role : p.roles) {
     if (role.graph != graph_name) continue;
     for (int rank : role.ranks) {
-      bool one_node = true;
-      for (int m : GroupRanks(p.mesh, op.group, rank)) one_node = one_node && c.NodeOf(m) == c.NodeOf(rank);
+      const std::vector<int> members = GroupRanks(p.mesh, op.group, rank);
+      std::set<int> nodes;
+      for (int m : members) nodes.insert(c.NodeOf(m));
+      bool one_node = nodes.size() == 1;
+      bool network_only = nodes.size() == members.size() && members.size() > 1;
+      if (!one_node && !network_only) return std::nullopt;
       if (intra && *intra != one_node) return std::nullopt;
       intra = one_node;
     }
@@ -88,8 +98,10 @@ std::optional<bool> IntraNode(const Program& p, const std::string& graph_name, c
 
 /// Moves the collectives whose groups cross nodes off a communication stream
 /// that also carries collectives inside a node, onto a new stream
-/// "<stream>.inter" (the inter-node links are separate from NVLink, so both
-/// kinds can be in flight at once). A graph rewrite: the new stream is
+/// "<stream>.inter" when each of their members sits on its own node (they use
+/// only the network, which is separate from NVLink, so both kinds can be in
+/// flight at once; a group with several members on one node crosses nodes
+/// hierarchically and uses NVLink too, so then nothing moves). A graph rewrite: the new stream is
 /// declared in the graph and each role's order keeps the moved ops'
 /// relative order. Returns how many ops moved.
 int SplitInterNodeStreams(ScheduledProgram& sp, const ClusterSpec& cluster) {
@@ -151,6 +163,29 @@ void SortStreams(RoleSearch& r) {
   for (size_t i = 0; i < r.graph->ops.size(); ++i) r.order[r.stream[i]].push_back(static_cast<int>(i));
   for (auto& o : r.order)
     std::sort(o.begin(), o.end(), [&](int a, int b) { return std::tie(r.t[a], r.topo[a]) < std::tie(r.t[b], r.topo[b]); });
+}
+
+/// SortStreams after only the ops in `changed` got new start ticks, in time
+/// linear in the streams they sit on: the other ops keep their relative
+/// order, so each such stream is the merge of its unchanged ops and its
+/// changed ops sorted by the same key (the same order SortStreams gives).
+void ResortChanged(RoleSearch& r, const std::vector<int>& changed) {
+  auto before = [&](int a, int b) { return std::tie(r.t[a], r.topo[a]) < std::tie(r.t[b], r.topo[b]); };
+  std::vector<std::vector<int>> moved(r.order.size());
+  std::vector<char> is_moved(r.t.size(), 0);
+  for (int i : changed) {
+    moved[r.stream[i]].push_back(i);
+    is_moved[i] = 1;
+  }
+  for (size_t s = 0; s < r.order.size(); ++s) {
+    if (moved[s].empty()) continue;
+    std::sort(moved[s].begin(), moved[s].end(), before);
+    std::vector<int> kept;
+    kept.reserve(r.order[s].size());
+    for (int i : r.order[s])
+      if (!is_moved[i]) kept.push_back(i);
+    std::merge(kept.begin(), kept.end(), moved[s].begin(), moved[s].end(), r.order[s].begin(), before);
+  }
 }
 
 /// As-soon-as-possible start ticks for the current per-stream orders.
@@ -368,6 +403,7 @@ class Search {
     Result<std::unique_ptr<WindowSolver>> solver = MakeWindowSolver(opts_.solver);
     if (!solver.ok()) return solver.status();
     solver_ = std::move(solver).value();
+    if (opts_.window_threads > 1 && solver_->thread_safe()) helper_ = MakeWindowSolver(opts_.solver).value();
     report_->solver = opts_.solver;
     CONCERTO_RETURN_IF_ERROR(PickIncumbent());
     report_->lower_bound_us = LowerBoundUs(best_.sp.program);
@@ -528,11 +564,29 @@ class Search {
       const int blocks = (static_cast<int>(global.size()) + b - 1) / b;
       int64_t horizon = 0;
       for (size_t i = 0; i < r.t.size(); ++i) horizon = std::max(horizon, r.t[i] + r.dur[i]);
+      auto members_of = [&](int k) {
+        return std::vector<int>(global.begin() + k * b,
+                                global.begin() + std::min<size_t>(global.size(), static_cast<size_t>((k + 2) * b)));
+      };
+      std::optional<Speculation> spec;
       for (int k = pass; k < blocks; k += 2) {
         if (Done()) break;
-        std::vector<int> members(global.begin() + k * b,
-                                 global.begin() + std::min<size_t>(global.size(), static_cast<size_t>((k + 2) * b)));
-        SolveWindow(r, members, horizon, round, pass, k);
+        Window w = BuildWindow(r, members_of(k), horizon, program_.roles.size() > 1, budget_units_);
+        const Place place{r.role, pass, k};
+        std::optional<Result<WindowSolution>> answer;
+        bool reused = false;
+        if (spec && spec->first_block == k) {
+          Result<WindowSolution> guess = spec->answer.get();
+          if (spec->problem == w.problem) answer = std::move(guess), report_->windows_speculated++;
+          spec.reset();
+        }
+        if (!answer)
+          if (const WindowSolution* known = Remembered(place, w.problem)) answer = *known, reused = true;
+        if (!answer) {
+          if (helper_ && k + 2 < blocks) spec = Speculate(r, members_of(k + 2), horizon, pass, k + 2);
+          answer = solver_->Solve(w.problem, WindowSolverOptions());
+        }
+        ApplyWindow(r, w, *answer, reused, place, round);
       }
     }
     for (RoleSearch& r : roles_) {
@@ -563,26 +617,67 @@ class Search {
     return Status::Ok();
   }
 
-  void SolveWindow(RoleSearch& r, const std::vector<int>& members, int64_t horizon, int round, int pass, int block) {
-    Window w = BuildWindow(r, members, horizon, program_.roles.size() > 1, budget_units_);
-    WindowReport wr;
-    wr.round = round;
-    wr.pass = pass;
-    wr.first_block = block;
-    wr.tasks = static_cast<int>(w.ops.size());
-    wr.memory = w.problem.memory_capacity >= 0;
+  /// Where a window sits: role, pass, first block.
+  using Place = std::tuple<int, int, int>;
+
+  /// A window solved ahead on the helper thread against the start ticks
+  /// before the window in front of it was applied.
+  struct Speculation {
+    int first_block = 0;
+    WindowProblem problem;
+    std::future<Result<WindowSolution>> answer;
+  };
+
+  /// Options of one window solve: the fail limit, and the wall-clock safety
+  /// net capped by what is left of the time budget.
+  SolverOptions WindowSolverOptions() const {
     SolverOptions so;
     so.fail_limit = opts_.window_fail_limit;
     so.time_limit_s = std::min(opts_.window_time_limit_s, std::max(0.01, opts_.time_budget_s - Since(t0_)));
-    Result<WindowSolution> sol = solver_->Solve(w.problem, so);
+    return so;
+  }
+
+  /// The answer of the last solve at `place` when its problem equals `pb`
+  /// field by field (a deterministic solve answers it the same way), else null.
+  const WindowSolution* Remembered(const Place& place, const WindowProblem& pb) const {
+    auto it = memo_.find(place);
+    return it != memo_.end() && it->second.first == pb ? &it->second.second : nullptr;
+  }
+
+  /// Starts solving the window at `first_block` on the helper thread, built
+  /// from the current start ticks; nothing when an answer is remembered.
+  std::optional<Speculation> Speculate(const RoleSearch& r, const std::vector<int>& members, int64_t horizon, int pass,
+                                       int first_block) {
+    Window w = BuildWindow(r, members, horizon, program_.roles.size() > 1, budget_units_);
+    if (Remembered({r.role, pass, first_block}, w.problem)) return std::nullopt;
+    Speculation spec{first_block, w.problem, {}};
+    spec.answer = std::async(std::launch::async, [solver = helper_.get(), pb = std::move(w.problem),
+                                                  so = WindowSolverOptions()] { return solver->Solve(pb, so); });
+    return spec;
+  }
+
+  /// Takes a window's answer: a verified solution replaces the window's
+  /// start ticks; the report records it; a deterministic answer is
+  /// remembered for the next solve at the same place.
+  void ApplyWindow(RoleSearch& r, const Window& w, const Result<WindowSolution>& sol, bool reused, const Place& place,
+                   int round) {
+    WindowReport wr;
+    wr.round = round;
+    wr.pass = std::get<1>(place);
+    wr.first_block = std::get<2>(place);
+    wr.tasks = static_cast<int>(w.ops.size());
+    wr.memory = w.problem.memory_capacity >= 0;
+    wr.reused = reused;
     if (sol.ok() && sol->hit_time_limit) {
       wr.hit_time_limit = true;
       report_->windows_hit_time_limit++;
     }
+    if (sol.ok() && !sol->hit_time_limit && !reused && opts_.reuse_windows) memo_[place] = {w.problem, *sol};
+    if (reused) report_->windows_reused++;
     if (!sol.ok() || (sol->status != SolveStatus::kOptimal && sol->status != SolveStatus::kFeasible)) {
       wr.status = sol.ok() ? sol->status : SolveStatus::kNoSolution;
-      if (!sol.ok()) Say(fmt::format("window at block {} (round {}, {} tasks) kept its order: {}", block, round + 1,
-                                     wr.tasks, sol.status().message()));
+      if (!sol.ok()) Say(fmt::format("window at block {} (round {}, {} tasks) kept its order: {}", wr.first_block,
+                                     round + 1, wr.tasks, sol.status().message()));
       report_->windows_unsolved++;
       report_->windows.push_back(wr);
       return;
@@ -594,13 +689,17 @@ class Search {
       report_->windows.push_back(wr);
       return;
     }
-    for (int tk = 0; tk < w.free_tasks; ++tk) r.t[w.ops[tk]] = sol->start[tk];
-    SortStreams(r);
+    std::vector<int> changed;
+    for (int tk = 0; tk < w.free_tasks; ++tk) {
+      if (r.t[w.ops[tk]] != sol->start[tk]) changed.push_back(w.ops[tk]);
+      r.t[w.ops[tk]] = sol->start[tk];
+    }
+    ResortChanged(r, changed);
     wr.status = sol->status;
     wr.objective_us = sol->objective * tick_us_;
     wr.bound_us = sol->bound * tick_us_;
     wr.gap = sol->gap;
-    wr.seconds = sol->seconds;
+    wr.seconds = reused ? 0 : sol->seconds;
     report_->windows_solved++;
     (sol->status == SolveStatus::kOptimal ? report_->windows_optimal : report_->windows_feasible)++;
     report_->windows.push_back(wr);
@@ -638,6 +737,8 @@ class Search {
   ProgressFn progress_;
   Clock::time_point t0_;
   std::unique_ptr<WindowSolver> solver_;
+  std::unique_ptr<WindowSolver> helper_;  // the speculative solves (null: none)
+  std::map<Place, std::pair<WindowProblem, WindowSolution>> memo_;  // the last solve at each place
   Candidate best_, fallback_;
   Program search_program_;  // the program the windows reorder (the incumbent's)
   std::vector<FusionGroup> start_fusion_groups_;

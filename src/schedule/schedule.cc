@@ -272,7 +272,7 @@ std::vector<std::string> VerifySchedule(const Program& program, const Schedule& 
       if (rank >= 0 && rank < program.mesh.NumRanks()) role_of_rank[rank] = static_cast<int>(r);
   std::map<std::string, std::map<int, std::vector<Issued>>> by_group;
   std::map<std::tuple<int, int, int>, std::vector<Issued>> sends, recvs;
-  std::map<std::tuple<int, int, int>, std::set<int>> p2p_streams;
+  std::map<std::tuple<int, int, int>, std::set<int>> p2p_streams, recv_streams;
   for (size_t vr = 0; vr < views.size(); ++vr) {
     const RoleView& v = views[vr];
     const Graph& g = *v.graph;
@@ -311,6 +311,7 @@ std::vector<std::string> VerifySchedule(const Program& program, const Schedule& 
               p2p_streams[{rank, peer, op.tag}].insert(s);
             } else {
               recvs[{peer, rank, op.tag}].push_back({static_cast<int>(vr), i, s});
+              recv_streams[{peer, rank, op.tag}].insert(s);
             }
           }
         }
@@ -357,12 +358,45 @@ std::vector<std::string> VerifySchedule(const Program& program, const Schedule& 
       out.push_back("rank " + std::to_string(std::get<0>(key)) + ": sends to rank " +
                     std::to_string(std::get<1>(key)) + " with tag " + std::to_string(std::get<2>(key)) +
                     " are issued on several streams, so their order is not fixed");
+  for (const auto& [key, streams] : recv_streams)
+    if (streams.size() > 1)
+      out.push_back("rank " + std::to_string(std::get<1>(key)) + ": recvs from rank " +
+                    std::to_string(std::get<0>(key)) + " with tag " + std::to_string(std::get<2>(key)) +
+                    " are issued on several streams, so their order is not fixed");
+  // The position of each issued op among its key's ops in program order.
+  auto program_ranks = [](const std::vector<Issued>& issued) {
+    std::vector<int> sorted;
+    for (const Issued& x : issued) sorted.push_back(x.op_index);
+    std::sort(sorted.begin(), sorted.end());
+    std::vector<int> ranks;
+    for (const Issued& x : issued)
+      ranks.push_back(static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), x.op_index) - sorted.begin()));
+    return ranks;
+  };
   std::set<std::tuple<int, int, int>> keys;
   for (const auto& [k, _] : sends) keys.insert(k);
   for (const auto& [k, _] : recvs) keys.insert(k);
   for (const auto& k : keys) {
     size_t ns = sends.count(k) ? sends[k].size() : 0;
     size_t nr = recvs.count(k) ? recvs[k].size() : 0;
+    if (ns == nr && ns > 0) {
+      // The k-th send issued meets the k-th recv issued; the program pairs
+      // the k-th send in program order with the k-th recv in program order.
+      // Both ends must therefore permute their ops alike, or data would go
+      // to the wrong op (a wrong answer, not a hang).
+      const std::vector<int> s_ranks = program_ranks(sends[k]);
+      const std::vector<int> r_ranks = program_ranks(recvs[k]);
+      for (size_t m = 0; m < ns; ++m) {
+        if (s_ranks[m] == r_ranks[m]) continue;
+        out.push_back("send/recv order differs: rank " + std::to_string(std::get<0>(k)) + " issues " +
+                      OpLabel(op_of(sends[k][m])) + " (its send #" + std::to_string(s_ranks[m]) +
+                      " to rank " + std::to_string(std::get<1>(k)) + ", tag " + std::to_string(std::get<2>(k)) +
+                      ", in program order) as message " + std::to_string(m) + ", which rank " +
+                      std::to_string(std::get<1>(k)) + " receives in " + OpLabel(op_of(recvs[k][m])) +
+                      " (its recv #" + std::to_string(r_ranks[m]) + "); the data would reach the wrong op");
+        break;
+      }
+    }
     if (ns != nr) {
       const Issued& x = ns > nr ? sends[k][nr] : recvs[k][ns];
       out.push_back("unmatched " + std::string(ns > nr ? "send" : "recv") + " " + OpLabel(op_of(x)) +

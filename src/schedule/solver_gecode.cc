@@ -206,6 +206,8 @@ WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation
 class GecodeWindowSolver : public WindowSolver {
  public:
   std::string name() const override { return "gecode"; }
+  /// Gecode spaces of separate instances share nothing.
+  bool thread_safe() const override { return true; }
 
   /// Solves the window; Gecode exceptions become errors.
   Result<WindowSolution> Solve(const WindowProblem& problem, const SolverOptions& options) override {

@@ -70,22 +70,32 @@ JoinedGraph Build(const Program& program, const CostModel& cost, bool control_de
   return j;
 }
 
-/// The ops a send or recv may meet: every op of the other kind on its key.
-/// Which one it meets depends on the schedule (k-th issued with k-th), so
-/// only the smallest of their values is certain.
-const std::vector<int>& Partners(const JoinedGraph& j, int i) {
-  const auto& k = j.keys[j.key_of[i]];
-  return j.is_send[i] ? k.second : k.first;
+/// Per node, the op a send or recv meets, or -1: the k-th send in program
+/// order on its key meets the k-th recv in program order. The schedule
+/// verifier makes this part of the machine model: the k-th send issued meets
+/// the k-th recv issued, and both ends must permute their ops on a key alike
+/// ("send/recv order differs"), so the pairing does not depend on the
+/// schedule. The keys' lists are filled in program order; an unmatched op
+/// (which the verifier rejects anyway) has no partner.
+std::vector<int> Partners(const JoinedGraph& j) {
+  std::vector<int> partner(j.dur.size(), -1);
+  for (const auto& [sends, recvs] : j.keys)
+    for (size_t m = 0; m < std::min(sends.size(), recvs.size()); ++m) {
+      partner[sends[m]] = recvs[m];
+      partner[recvs[m]] = sends[m];
+    }
+  return partner;
 }
 
 /// Heads (earliest starts) and tails (work that must follow an op's end).
-/// A send and its recv start together, so an op's head is at least the
-/// smallest head of the ops it may meet, and its tail at least the smallest
-/// (duration + tail) among them minus its own duration. Iterated (values
-/// only grow and each step is a valid bound) until stable or `rounds` runs.
+/// A send and its recv start together, so an op's head is at least its
+/// partner's head, and its tail at least the partner's (duration + tail)
+/// minus its own duration. Iterated (values only grow and each step is a
+/// valid bound) until stable or `rounds` runs.
 void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int rounds, std::vector<double>* head,
                    std::vector<double>* tail) {
   const size_t n = j.dur.size();
+  const std::vector<int> partner = Partners(j);
   head->assign(n, 0);
   tail->assign(n, 0);
   auto& h = *head;
@@ -95,11 +105,7 @@ void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int round
     for (int i : topo) {
       double v = h[i];
       for (int p : j.preds[i]) v = std::max(v, h[p] + j.dur[p]);
-      if (j.key_of[i] >= 0) {
-        double m = std::numeric_limits<double>::infinity();
-        for (int q : Partners(j, i)) m = std::min(m, h[q]);
-        if (std::isfinite(m)) v = std::max(v, m);
-      }
+      if (partner[i] >= 0) v = std::max(v, h[partner[i]]);
       changed = changed || v > h[i];
       h[i] = v;
     }
@@ -107,11 +113,7 @@ void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int round
       const int i = *it;
       double v = t[i];
       for (int s : j.succs[i]) v = std::max(v, j.dur[s] + t[s]);
-      if (j.key_of[i] >= 0) {
-        double m = std::numeric_limits<double>::infinity();
-        for (int q : Partners(j, i)) m = std::min(m, j.dur[q] + t[q]);
-        if (std::isfinite(m)) v = std::max(v, m - j.dur[i]);
-      }
+      if (partner[i] >= 0) v = std::max(v, j.dur[partner[i]] + t[partner[i]] - j.dur[i]);
       changed = changed || v > t[i];
       t[i] = v;
     }
@@ -143,7 +145,7 @@ LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool
   for (const auto& k : j.keys) lb.send_recv_pairs_joined += static_cast<int>(std::min(k.first.size(), k.second.size()));
   std::vector<double> head, tail;
   // Each round carries heads (and tails) at least one stage further.
-  HeadsAndTails(j, topo, 2 * static_cast<int>(program.roles.size()) + 2, &head, &tail);
+  HeadsAndTails(j, topo, 4 * static_cast<int>(program.roles.size()) + 8, &head, &tail);
   std::map<std::string, std::vector<int>> on;
   std::map<std::string, double> load;
   for (size_t i = 0; i < j.dur.size(); ++i) {

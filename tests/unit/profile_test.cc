@@ -155,5 +155,83 @@ TEST(ProfileKernels, FeedsTheProfiledCostModel) {
   EXPECT_EQ(report.profiled_ops, compute_and_collectives);
 }
 
+TEST(FitCollectives, TakesAlphaFromTheSmallestMessagesOnly) {
+  // alpha = 20 us per step, B = 1e3 bytes/us. 4 KiB all_reduce n=2 (2
+  // steps, factor 1): 40 + 4.096 = 44.096 us; all_gather 4 KiB (1 step,
+  // factor 1): 20 + 4.096 = 24.096; one 4 KiB outlier (a broadcast queued
+  // behind a token bucket: 5000 us, per step 4995.9). Mid-size samples
+  // inflated by a shaper's bucket (64 KiB: 3000 us) must not move alpha:
+  // the median of the three 4 KiB remainders (20, 20, 4995.9) is 20.
+  // Large: 2^22 bytes all_reduce 40 + 4194.304, 2^21: 40 + 2097.152.
+  std::vector<CollectiveSample> samples = {
+      {{CollectiveType::kAllReduce, 2, 4096}, 44.096, 1},
+      {{CollectiveType::kAllGather, 2, 4096}, 24.096, 1},
+      {{CollectiveType::kBroadcast, 2, 4096}, 5000, 1},
+      {{CollectiveType::kAllReduce, 2, 65536}, 3000, 1},
+      {{CollectiveType::kAllGather, 2, 65536}, 3000, 1},
+      {{CollectiveType::kAllReduce, 2, 1 << 21}, 2137.152, 1},
+      {{CollectiveType::kAllReduce, 2, 1 << 22}, 4234.304, 1}};
+  Result<CollectiveFit> f = FitCollectives(samples);
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  EXPECT_NEAR(f->latency_us, 20, 1e-6);
+  EXPECT_NEAR(f->bandwidth_gbps, 1, 1e-9);
+}
+
+TEST(Interference, FactorIsTheSlowdownOfTheKernelMix) {
+  // matmul 100 -> 120 us, add 50 -> 60 us: (120 + 60) / (100 + 50) - 1 = 0.2.
+  const std::vector<InterferenceKernel> k = {{"matmul", 100, 120, 3, 3}, {"add", 50, 60, 3, 3}};
+  EXPECT_NEAR(InterferenceFactor(k), 0.2, 1e-12);
+  // Faster while overlapped (noise) clamps to 0; no kernels: 0.
+  EXPECT_EQ(InterferenceFactor({{"matmul", 100, 90, 3, 3}}), 0);
+  EXPECT_EQ(InterferenceFactor({}), 0);
+  // The lower median of the rounds: {0, 0.3, 0.1, 2.0} sorted 0, 0.1, 0.3, 2.0 -> 0.1.
+  EXPECT_DOUBLE_EQ(MedianFactor({0, 0.3, 0.1, 2.0}), 0.1);
+  EXPECT_EQ(MedianFactor({}), 0);
+}
+
+TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
+  InterferenceOptions o;
+  o.comm_bytes = 1 << 16;
+  o.matmul_size = 64;
+  o.add_elements = 1 << 12;
+  o.rounds = 2;
+  o.min_samples = 2;
+  o.min_time_s = 0.01;
+  Result<InterferenceMeasurement> m = MeasureInterferenceInProcess(2, o);
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  ASSERT_EQ(m->kernels.size(), 2u);
+  EXPECT_EQ(m->kernels[0].kernel, "matmul 64x64x64");
+  EXPECT_EQ(m->kernels[1].kernel, "add 4096 floats");
+  for (const InterferenceKernel& k : m->kernels) {
+    EXPECT_GT(k.alone_us, 0);
+    EXPECT_GT(k.overlapped_us, 0);
+    EXPECT_GE(k.overlapped_reps, 2 * o.min_samples);  // every round keeps at least min_samples
+  }
+  EXPECT_EQ(m->round_factors.size(), 2u);
+  EXPECT_DOUBLE_EQ(m->interference, MedianFactor(m->round_factors));
+  EXPECT_GE(m->collectives, 2);
+  const std::string path = testing::TempDir() + "/interference.json";
+  {
+    std::ofstream out(path);
+    out << WriteInterference(*m);
+  }
+  Result<InterferenceMeasurement> back = ReadInterference(path);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_DOUBLE_EQ(back->interference, m->interference);
+  EXPECT_EQ(back->round_factors, m->round_factors);
+  EXPECT_DOUBLE_EQ(back->kernels[1].overlapped_us, m->kernels[1].overlapped_us);
+  // The cluster takes the factor.
+  EXPECT_DOUBLE_EQ(MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0.25).interference, 0.25);
+  // Errors name what is wrong.
+  EXPECT_NE(MeasureInterferenceInProcess(1, o).status().message().find("at least 2 ranks"), std::string::npos);
+  o.comm_bytes = 6;
+  EXPECT_NE(MeasureInterferenceInProcess(2, o).status().message().find("multiple of 4"), std::string::npos);
+  {
+    std::ofstream out(path);
+    out << R"({"format": "concerto-interference", "interference": 0.1, "kernels": [{"alone_us": -1}]})";
+  }
+  EXPECT_NE(ReadInterference(path).status().message().find("kernel 0: field 'alone_us'"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace concerto

@@ -143,6 +143,47 @@ TEST(ScheduleVerifier, UnmatchedSend) {
       << (v.empty() ? "" : v[0]);
 }
 
+TEST(ScheduleVerifier, SendsAndRecvsMustBePermutedAlike) {
+  // Stage 0 sends micro-batches a then b to stage 1 (tag 0), stage 1
+  // receives a then b. A schedule that issues the sends b, a but the recvs
+  // a, b would hand b's data to a's recv: the k-th send issued meets the k-th
+  // recv issued. Permuting both ends alike is fine.
+  Program p;
+  p.mesh.axes = {{"pp", 2}};
+  auto p2p = [](int id, const std::string& name, OpKind kind, int offset, const std::string& tensor) {
+    Op op;
+    op.id = id;
+    op.name = name;
+    op.kind = kind;
+    op.stream = "comm";
+    op.peer.axis = "pp";
+    op.peer.offset = offset;
+    (kind == OpKind::kSend ? op.inputs : op.outputs) = {tensor};
+    return op;
+  };
+  Graph g0;
+  g0.name = "s0";
+  g0.tensors = {T("a"), T("b")};
+  g0.ops = {p2p(0, "send_a", OpKind::kSend, 1, "a"), p2p(1, "send_b", OpKind::kSend, 1, "b")};
+  Graph g1;
+  g1.name = "s1";
+  g1.tensors = {T("ra"), T("rb")};
+  g1.ops = {p2p(0, "recv_a", OpKind::kRecv, -1, "ra"), p2p(1, "recv_b", OpKind::kRecv, -1, "rb")};
+  p.graphs = {g0, g1};
+  p.roles = {{"s0", "s0", {0}}, {"s1", "s1", {1}}};
+  EXPECT_TRUE(VerifySchedule(p, ProgramOrderSchedule(p, "x")).empty());
+
+  Schedule swapped = ProgramOrderSchedule(p, "x");
+  swapped.roles[0].streams[1].op_ids = {1, 0};  // stage 0: send_b, send_a
+  auto v = VerifySchedule(p, swapped);
+  EXPECT_TRUE(Contains(v, "send/recv order differs: rank 0 issues op 1 'send_b' (its send #1 to rank 1, tag 0, in "
+                          "program order) as message 0, which rank 1 receives in op 0 'recv_a' (its recv #0)"))
+      << (v.empty() ? "" : v[0]);
+
+  swapped.roles[1].streams[1].op_ids = {1, 0};  // stage 1 alike: recv_b, recv_a
+  EXPECT_TRUE(VerifySchedule(p, swapped).empty());
+}
+
 TEST(ScheduleVerifier, UnknownRoleAndStream) {
   Program p = Chain();
   Schedule s = ProgramOrderSchedule(p, "x");

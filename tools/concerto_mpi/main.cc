@@ -372,8 +372,8 @@ int Main(int argc, char** argv) {
     recorder = std::move(r).value();
     recorder->RecordTermination();
     options.after_op = [&recorder, &stream_of_op](int, int op_index, const Op&, bool ok) {
-      recorder->End(stream_of_op[op_index]);
-      if (!ok) recorder->SetState(RankState::kFailed);  // before the executor's MPI_Abort
+      if (ok) recorder->End(stream_of_op[op_index]);
+      else recorder->SetState(RankState::kFailed);  // the op stays recorded; before the executor's MPI_Abort
     };
   }
   options.before_op = [&recorder, &stream_of_op, kill_op = flags->kill_op, kill_rank = flags->kill_rank](

@@ -17,4 +17,10 @@ Result<Program> ReadProgramFile(const std::string& path);
 /// Canonical JSON text (2-space indent).
 std::string WriteProgram(const Program& program);
 
+/// "SOURCE:LINE:COLUMN: malformed JSON: WHY" for an nlohmann parse error in
+/// `text`: `byte` is the error's 1-based byte position (parse_error::byte),
+/// `what` its what(). Every JSON reader of the project words errors this way.
+std::string MalformedJsonMessage(const std::string& text, const std::string& source, size_t byte,
+                                 const std::string& what);
+
 }  // namespace concerto

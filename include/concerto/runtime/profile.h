@@ -118,7 +118,9 @@ Result<LinearFit> FitLine(const std::vector<double>& x, const std::vector<double
 /// remainder (time minus the bandwidth term, at least 0) of the samples of
 /// at most 4 KiB (or of the smallest size measured): mid-size messages on a
 /// tbf-shaped link measure its token bucket, not the latency. The two are
-/// refined alternately.
+/// refined alternately. When that leaves no positive time per byte (noise:
+/// the large messages no slower than alpha predicts), alpha is 0 and the
+/// bandwidth comes from the large samples alone.
 struct CollectiveFit {
   double latency_us = 0;       // alpha per step
   double bandwidth_gbps = 0;   // B, GB/s per rank
@@ -156,11 +158,11 @@ struct InterferenceOptions {
   /// Rounds of (alone phase, overlapped phase), so that a drift in the
   /// machine's load affects both alike. Per round, kernel and phase at
   /// least min_samples timed runs; an overlapped phase lasts at least
-  /// min_time_s (at most max_collectives all_reduces).
+  /// min_time_s; once max_time_s has passed a rank stops asking for more.
   int rounds = 5;
   int min_samples = 3;
   double min_time_s = 0.3;
-  int max_collectives = 400;
+  double max_time_s = 20;
 };
 
 /// One kernel's medians, averaged over the ranks.

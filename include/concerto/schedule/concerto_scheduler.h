@@ -26,6 +26,17 @@ struct ConcertoOptions {
   int64_t window_fail_limit = 50;
   double window_time_limit_s = 10.0;
   double time_budget_s = 600;        // all rounds together (wall-clock safety net)
+  /// Speed only: neither changes the schedule, the report's windows or
+  /// anything but seconds (tests/unit/concerto_speed_test.cc).
+  /// Reuse the answer of the last solve at the same place (role, pass, first
+  /// block) when the window's problem is identical field by field.
+  bool reuse_windows = true;
+  /// 2: while a window is solved, the next window of the pass is solved on a
+  /// second thread against the start ticks before it, and that answer is
+  /// used when the next window's problem turns out identical (else it is
+  /// solved again). 1: one window at a time. Only thread-safe backends
+  /// (Gecode) speculate.
+  int window_threads = 2;
   bool fuse = true;                  // the fusion pass after decoding
   int64_t memory_budget_bytes = 0;   // peak memory per rank to stay under; 0: none
   SimOptions sim;                    // how candidates are simulated
@@ -40,6 +51,7 @@ struct WindowReport {
   SolveStatus status = SolveStatus::kNoSolution;
   bool hit_time_limit = false;  // stopped by the wall clock (not deterministic)
   bool memory = false;          // the window carried the memory budget
+  bool reused = false;          // the answer of an identical earlier solve at this place
   double objective_us = 0;
   double bound_us = 0;
   double gap = 0;
@@ -59,6 +71,8 @@ struct ConcertoReport {
   int windows_feasible = 0;       // feasible at the time limit
   int windows_unsolved = 0;       // no answer in time (the window kept its order)
   int windows_hit_time_limit = 0; // stopped by the wall-clock safety net
+  int windows_reused = 0;         // answered by an identical earlier solve (ConcertoOptions::reuse_windows)
+  int windows_speculated = 0;     // solved ahead on the second thread and used (ConcertoOptions::window_threads)
   int passes_over_memory = 0;     // decoded passes over the budget, undone
   int inter_node_stream_ops = 0;  // collectives moved to an inter-node stream (0: not split)
   int fused_collectives = 0;      // collectives merged by the fusion pass

@@ -19,6 +19,7 @@ struct WindowTask {
   int64_t release = 0;     // earliest start
   int64_t deadline = 0;    // latest finish (start + duration <= deadline)
   bool is_comm = false;    // decoding tie-break: communication first
+  bool operator==(const WindowTask&) const = default;
 };
 
 /// A buffer held in memory over [allocation, release): allocated when its
@@ -32,6 +33,7 @@ struct WindowBuffer {
   int64_t start = 0;           // allocation time when producer is -1
   std::vector<int> consumers;  // tasks whose latest end releases it
   int64_t end = 0;             // released no earlier than this
+  bool operator==(const WindowBuffer&) const = default;
 };
 
 struct WindowProblem {
@@ -44,6 +46,9 @@ struct WindowProblem {
   /// cumulative resource). capacity < 0: no memory constraint.
   std::vector<WindowBuffer> buffers;
   int64_t memory_capacity = -1;
+  /// Field by field: equal problems get equal answers from a deterministic
+  /// solve (the scheduler reuses answers on this).
+  bool operator==(const WindowProblem&) const = default;
 };
 
 enum class SolveStatus { kOptimal, kFeasible, kInfeasible, kNoSolution };
@@ -78,6 +83,8 @@ class WindowSolver {
  public:
   virtual ~WindowSolver() = default;
   virtual std::string name() const = 0;
+  /// Whether two instances may solve at the same time on two threads.
+  virtual bool thread_safe() const { return false; }
   virtual Result<WindowSolution> Solve(const WindowProblem& problem, const SolverOptions& options) = 0;
 };
 
