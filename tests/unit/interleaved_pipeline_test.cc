@@ -62,7 +62,10 @@ std::string PassOrder(const Graph& g, int layers_per_chunk, int pp) {
     mb = op.tags.microbatch;
     chunk = c;
     if (!out.empty()) out += ' ';
-    out += (phase == Phase::kForward ? "F" : "B") + std::to_string(mb) + "." + std::to_string(c);
+    out += phase == Phase::kForward ? 'F' : 'B';
+    out += std::to_string(mb);
+    out += '.';
+    out += std::to_string(c);
   }
   return out;
 }
@@ -88,8 +91,11 @@ std::string PairOrder(const Program& p, int from, int to, bool flip) {
     if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) continue;
     if (op.peer.offset != to - from) continue;
     const bool send = (op.kind == OpKind::kSend) != flip;
-    out += std::string(send ? "S" : "R") + std::to_string(op.tag) + "." +
-           std::to_string(op.tags.microbatch) + " ";
+    out += send ? 'S' : 'R';
+    out += std::to_string(op.tag);
+    out += '.';
+    out += std::to_string(op.tags.microbatch);
+    out += ' ';
   }
   return out;
 }

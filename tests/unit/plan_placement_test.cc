@@ -47,7 +47,9 @@ std::string OpSignature(const Program& p) {
       s += g.name + "/" + op.name + " " + std::to_string(static_cast<int>(op.kind));
       for (const std::string& a : op.group.axes) s += " " + a;
       if (!op.peer.axis.empty()) s += " peer " + op.peer.axis + std::to_string(op.peer.offset);
-      s += " " + std::to_string(op.message_bytes) + "\n";
+      s += ' ';
+      s += std::to_string(op.message_bytes);
+      s += '\n';
     }
   return s;
 }
