@@ -55,11 +55,13 @@ Status ConcertoRow(const std::string& label, const Program& program, const CostM
   if (!run.ok()) return run.status();
   const double seconds = Since(t0);
   const ConcertoReport& r = *run->concerto;
-  std::cout << fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} | {} ({} optimal, {} at the fail limit{}) | {:.1f} | {:.1f} |\n",
+  std::cout << fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3f} | {} ({} optimal, {} at the fail limit{}; {} reused, {} "
+                           "solved ahead) | {:.1f} | {:.1f} |\n",
                            label, ops, r.incumbent_makespan_us / 1e3, r.final_makespan_us / 1e3,
                            r.final_makespan_us / run->summary.bound.lower_bound_us, r.windows.size(), r.windows_optimal,
                            r.windows_feasible,
                            r.windows_hit_time_limit ? fmt::format(", {} at the time limit", r.windows_hit_time_limit) : "",
+                           r.windows_reused, r.windows_speculated,
                            r.seconds, seconds)
             << std::flush;
   return Status::Ok();

@@ -286,9 +286,11 @@ double PipelineUs(const std::vector<const Op*>& ops, const std::vector<double>& 
   return end_all;
 }
 
-/// Prices `ops` (with the tensors of `g` and `extra`) on `rank`.
-std::vector<double> PriceOps(const Graph& g, const std::vector<Tensor>& extra, const std::vector<const Op*>& ops,
-                             const Mesh& mesh, int rank, const CostModel& cost) {
+/// Prices `ops` (with the tensors of `g` and `extra`) on `rank`. `g_index`
+/// is g's index: the tensors the ops name are looked up, not searched for
+/// (a scan of every tensor per candidate made the pass quadratic).
+std::vector<double> PriceOps(const Graph& g, const GraphIndex& g_index, const std::vector<Tensor>& extra,
+                             const std::vector<const Op*>& ops, const Mesh& mesh, int rank, const CostModel& cost) {
   Graph scratch;
   scratch.name = g.name;
   scratch.streams = g.streams;
@@ -297,8 +299,11 @@ std::vector<double> PriceOps(const Graph& g, const std::vector<Tensor>& extra, c
     for (const auto& t : op->inputs) needed.insert(t);
     for (const auto& t : op->outputs) needed.insert(t);
   }
-  for (const auto& t : g.tensors)
-    if (needed.count(t.name)) scratch.tensors.push_back(t);
+  std::vector<int> from_g;  // in g's order, as a scan of g.tensors would find them
+  for (const auto& name : needed)
+    if (auto it = g_index.tensor.find(name); it != g_index.tensor.end()) from_g.push_back(it->second);
+  std::sort(from_g.begin(), from_g.end());
+  for (int t : from_g) scratch.tensors.push_back(g.tensors[t]);
   for (const auto& t : extra)
     if (needed.count(t.name)) scratch.tensors.push_back(t);
   for (const Op* op : ops) scratch.ops.push_back(*op);
@@ -388,7 +393,7 @@ void DecomposeGraph(Graph& g, const Mesh& mesh, int rank, const CostModel& cost,
       if (options.force_chunks == 0 && exposed_us < options.min_gain_us) continue;
     }
     const std::vector<const Op*> original = OriginalOps(g, *cand);
-    const double before_us = PipelineUs(original, PriceOps(g, {}, original, mesh, rank, cost), f);
+    const double before_us = PipelineUs(original, PriceOps(g, index, {}, original, mesh, rank, cost), f);
     std::optional<Rewrite> best;
     Decomposition best_info;
     for (int dim : cand->dims) {
@@ -401,7 +406,7 @@ void DecomposeGraph(Graph& g, const Mesh& mesh, int rank, const CostModel& cost,
         Rewrite rw = BuildRewrite(g, index, *cand, k, dim, &id);
         std::vector<const Op*> ops;
         for (const auto& op : rw.ops) ops.push_back(&op);
-        const double after_us = PipelineUs(ops, PriceOps(g, rw.tensors, ops, mesh, rank, cost), f);
+        const double after_us = PipelineUs(ops, PriceOps(g, index, rw.tensors, ops, mesh, rank, cost), f);
         const bool better = best ? after_us < best_info.estimated_after_us : true;
         if (!better) continue;
         best_info = {g.name, g.ops[i].name, cand->side == Side::kProducer ? "producer" : "consumer", k, dim,

@@ -177,7 +177,7 @@ Result<std::vector<int64_t>> PermutationRows(const Tensor& t) {
   std::vector<int> sorted = perm;
   std::sort(sorted.begin(), sorted.end());
   for (size_t k = 0; k < sorted.size(); ++k)
-    if (sorted[k] != static_cast<int>(k)) return bad("p" + parts[1].substr(1) + " is not a permutation");
+    if (sorted[k] != static_cast<int>(k)) return bad(parts[1] + " is not a permutation");
   if (perm.size() != in.size()) return bad("the permutation and <in> differ in rank");
   std::vector<int64_t> rows_shape = in;
   if (perm.back() == static_cast<int>(in.size()) - 1) {

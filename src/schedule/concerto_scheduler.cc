@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>
+#include <deque>
 #include <future>
+#include <memory>
 #include <map>
 #include <numeric>
 #include <optional>
@@ -46,15 +48,19 @@ struct Measured {
 Result<Measured> Measure(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& sim) {
   std::vector<std::string> v = VerifySchedule(sp.program, sp.schedule);
   if (!v.empty()) return Status::Error("schedule fails verification: " + v[0]);
-  Result<Timeline> t = Simulate(sp, cost, sim);
+  std::vector<GraphIndex> indexes;  // built once for the simulation and the memory sweep
+  indexes.reserve(sp.program.graphs.size());
+  for (const Graph& g : sp.program.graphs) indexes.push_back(GraphIndex::Build(g));
+  Result<Timeline> t = Simulate(sp, cost, sim, indexes);
   if (!t.ok()) return t.status();
-  return Measured{t->makespan_us, PeakMemory(sp.program, *t).peak_bytes};
+  return Measured{t->makespan_us, PeakMemory(sp.program, *t, indexes).peak_bytes};
 }
 
 /// Drops the control edges a baseline added (synchronous collectives,
 /// serialization), keeping those of the input program and those pointing at
-/// ops the baseline created (fused buckets).
-void StripSchedulerEdges(const Program& input, Program& scheduled) {
+/// ops the baseline created (fused buckets). Returns whether any was dropped.
+bool StripSchedulerEdges(const Program& input, Program& scheduled) {
+  bool dropped = false;
   for (size_t g = 0; g < scheduled.graphs.size(); ++g) {
     const Graph& in = input.graphs[g];
     std::unordered_map<int, const Op*> input_ops;
@@ -67,9 +73,11 @@ void StripSchedulerEdges(const Program& input, Program& scheduled) {
       for (int d : op.control_deps)
         if (!input_ops.count(d) || std::find(original.begin(), original.end(), d) != original.end())
           kept.push_back(d);
+      dropped = dropped || kept.size() != op.control_deps.size();
       op.control_deps = std::move(kept);
     }
   }
+  return dropped;
 }
 
 /// Where a collective's group sits, for every rank of every role running
@@ -403,7 +411,7 @@ class Search {
     Result<std::unique_ptr<WindowSolver>> solver = MakeWindowSolver(opts_.solver);
     if (!solver.ok()) return solver.status();
     solver_ = std::move(solver).value();
-    if (opts_.window_threads > 1 && solver_->thread_safe()) helper_ = MakeWindowSolver(opts_.solver).value();
+    if (opts_.threads > 1 && solver_->thread_safe()) helper_ = MakeWindowSolver(opts_.solver).value();
     report_->solver = opts_.solver;
     CONCERTO_RETURN_IF_ERROR(PickIncumbent());
     report_->lower_bound_us = LowerBoundUs(best_.sp.program);
@@ -437,6 +445,30 @@ class Search {
     return opts_.memory_budget_bytes <= 0 || peak_bytes <= opts_.memory_budget_bytes;
   }
 
+  /// One baseline scheduled and measured as it is and without the ordering
+  /// edges it added (stripped_sp empty: it added none, the figures are the same).
+  struct BaselineRun {
+    Result<ScheduledProgram> as_is_sp = Status::Error("not run");
+    Result<Measured> as_is = Status::Error("not run");
+    std::optional<ScheduledProgram> stripped_sp;
+    Result<Measured> stripped = Status::Error("not run");
+  };
+  BaselineRun RunAndMeasure(const std::string& name) const {
+    BaselineRun run;
+    run.as_is_sp = RunBaseline(name, program_, cost_, opts_.baselines);
+    if (!run.as_is_sp.ok()) return run;
+    run.as_is = Measure(*run.as_is_sp, cost_, opts_.sim);
+    if (!run.as_is.ok()) return run;
+    ScheduledProgram stripped = *run.as_is_sp;
+    if (!StripSchedulerEdges(program_, stripped.program)) {
+      run.stripped = run.as_is;
+      return run;
+    }
+    run.stripped = Measure(stripped, cost_, opts_.sim);
+    run.stripped_sp = std::move(stripped);
+    return run;
+  }
+
   /// Every baseline, simulated as it is (the fallback: never return worse)
   /// and with its ordering edges stripped (the starting point). Only
   /// schedules under the memory budget qualify.
@@ -448,15 +480,23 @@ class Search {
       if (!Fits(m.peak_bytes)) return;
       if (slot.name.empty() || m.makespan_us < slot.makespan_us) slot = {sp, m.makespan_us, name, m.peak_bytes};
     };
-    for (const std::string& name : BaselineNames()) {
-      Result<ScheduledProgram> sp = RunBaseline(name, program_, cost_, opts_.baselines);
-      if (!sp.ok()) return Status::Error("baseline '" + name + "': " + sp.status().message());
-      Result<Measured> as_is = Measure(*sp, cost_, opts_.sim);
-      if (!as_is.ok()) return Status::Error("baseline '" + name + "': " + as_is.status().message());
-      consider(*sp, *as_is, name, fallback_);
-      StripSchedulerEdges(program_, sp->program);
-      Result<Measured> stripped = Measure(*sp, cost_, opts_.sim);
-      if (stripped.ok()) consider(*sp, *stripped, name, best_);
+    // Baselines are scheduled and measured opts_.threads at a time (they are
+    // independent) and considered in their fixed order, as one at a time.
+    const std::vector<std::string> names = BaselineNames();
+    const size_t at_once = static_cast<size_t>(std::max(1, opts_.threads));
+    for (size_t first = 0; first < names.size(); first += at_once) {
+      std::vector<std::future<BaselineRun>> runs;
+      for (size_t k = first; k < std::min(names.size(), first + at_once); ++k)
+        runs.push_back(std::async(k == first ? std::launch::deferred : std::launch::async,
+                                  [this, &name = names[k]] { return RunAndMeasure(name); }));
+      for (size_t k = 0; k < runs.size(); ++k) {
+        const std::string& name = names[first + k];
+        BaselineRun run = runs[k].get();
+        if (!run.as_is_sp.ok()) return Status::Error("baseline '" + name + "': " + run.as_is_sp.status().message());
+        if (!run.as_is.ok()) return Status::Error("baseline '" + name + "': " + run.as_is.status().message());
+        consider(*run.as_is_sp, *run.as_is, name, fallback_);
+        if (run.stripped.ok()) consider(run.stripped_sp ? *run.stripped_sp : *run.as_is_sp, *run.stripped, name, best_);
+      }
     }
     if (fallback_.name.empty() && best_.name.empty())
       return Status::Error(fmt::format(
@@ -568,26 +608,29 @@ class Search {
         return std::vector<int>(global.begin() + k * b,
                                 global.begin() + std::min<size_t>(global.size(), static_cast<size_t>((k + 2) * b)));
       };
-      std::optional<Speculation> spec;
+      std::deque<Speculation> ahead;  // windows solved ahead, in pass order
       for (int k = pass; k < blocks; k += 2) {
         if (Done()) break;
         Window w = BuildWindow(r, members_of(k), horizon, program_.roles.size() > 1, budget_units_);
         const Place place{r.role, pass, k};
         std::optional<Result<WindowSolution>> answer;
         bool reused = false;
-        if (spec && spec->first_block == k) {
-          Result<WindowSolution> guess = spec->answer.get();
-          if (spec->problem == w.problem) answer = std::move(guess), report_->windows_speculated++;
-          spec.reset();
+        while (!ahead.empty() && ahead.front().first_block < k) ahead.pop_front();
+        if (!ahead.empty() && ahead.front().first_block == k) {
+          const Result<WindowSolution>& guess = ahead.front().answer.get();
+          if (ahead.front().problem == w.problem) answer = guess, report_->windows_speculated++;
+          ahead.pop_front();
         }
         if (!answer)
           if (const WindowSolution* known = Remembered(place, w.problem)) answer = *known, reused = true;
         if (!answer) {
-          if (helper_ && k + 2 < blocks) spec = Speculate(r, members_of(k + 2), horizon, pass, k + 2);
+          // Every earlier early answer has been taken, so the helper is idle.
+          if (helper_ && ahead.empty()) ahead = SolveAhead(r, members_of, horizon, pass, k, blocks);
           answer = solver_->Solve(w.problem, WindowSolverOptions());
         }
         ApplyWindow(r, w, *answer, reused, place, round);
       }
+      if (helper_run_.valid()) helper_run_.wait();
     }
     for (RoleSearch& r : roles_) {
       SortStreams(r);
@@ -621,12 +664,17 @@ class Search {
   using Place = std::tuple<int, int, int>;
 
   /// A window solved ahead on the helper thread against the start ticks
-  /// before the window in front of it was applied.
+  /// before the window the main thread was about to solve.
   struct Speculation {
     int first_block = 0;
     WindowProblem problem;
-    std::future<Result<WindowSolution>> answer;
+    std::shared_future<Result<WindowSolution>> answer;
   };
+  /// How many windows one batch solves ahead. A new batch starts only once
+  /// every answer of the last one was taken, so which windows are solved
+  /// ahead (windows_speculated) does not depend on timing. 3 was no faster
+  /// than 1 on this 2-core machine under load.
+  static constexpr size_t kSolveAhead = 1;
 
   /// Options of one window solve: the fail limit, and the wall-clock safety
   /// net capped by what is left of the time budget.
@@ -644,16 +692,32 @@ class Search {
     return it != memo_.end() && it->second.first == pb ? &it->second.second : nullptr;
   }
 
-  /// Starts solving the window at `first_block` on the helper thread, built
-  /// from the current start ticks; nothing when an answer is remembered.
-  std::optional<Speculation> Speculate(const RoleSearch& r, const std::vector<int>& members, int64_t horizon, int pass,
-                                       int first_block) {
-    Window w = BuildWindow(r, members, horizon, program_.roles.size() > 1, budget_units_);
-    if (Remembered({r.role, pass, first_block}, w.problem)) return std::nullopt;
-    Speculation spec{first_block, w.problem, {}};
-    spec.answer = std::async(std::launch::async, [solver = helper_.get(), pb = std::move(w.problem),
-                                                  so = WindowSolverOptions()] { return solver->Solve(pb, so); });
-    return spec;
+  /// Builds the next windows of the pass after the one at `first_block`
+  /// from the current start ticks (up to kSolveAhead whose answers are not
+  /// remembered) and solves them one after another on the helper thread.
+  template <typename MembersOf>
+  std::deque<Speculation> SolveAhead(const RoleSearch& r, const MembersOf& members_of, int64_t horizon, int pass,
+                                     int first_block, int blocks) {
+    std::deque<Speculation> ahead;
+    auto problems = std::make_shared<std::vector<WindowProblem>>();
+    auto answers = std::make_shared<std::vector<std::promise<Result<WindowSolution>>>>(kSolveAhead);
+    for (int k = first_block + 2; k < blocks && problems->size() < kSolveAhead; k += 2) {
+      Window w = BuildWindow(r, members_of(k), horizon, program_.roles.size() > 1, budget_units_);
+      if (Remembered({r.role, pass, k}, w.problem)) continue;
+      ahead.push_back({k, w.problem, (*answers)[problems->size()].get_future().share()});
+      problems->push_back(std::move(w.problem));
+    }
+    if (problems->empty()) return ahead;
+    helper_run_ = std::async(std::launch::async, [solver = helper_.get(), problems, answers, so = WindowSolverOptions()] {
+      for (size_t i = 0; i < problems->size(); ++i) {
+        try {
+          (*answers)[i].set_value(solver->Solve((*problems)[i], so));
+        } catch (...) {
+          (*answers)[i].set_exception(std::current_exception());
+        }
+      }
+    });
+    return ahead;
   }
 
   /// Takes a window's answer: a verified solution replaces the window's
@@ -738,6 +802,7 @@ class Search {
   Clock::time_point t0_;
   std::unique_ptr<WindowSolver> solver_;
   std::unique_ptr<WindowSolver> helper_;  // the speculative solves (null: none)
+  std::future<void> helper_run_;          // the helper thread's current batch
   std::map<Place, std::pair<WindowProblem, WindowSolution>> memo_;  // the last solve at each place
   Candidate best_, fallback_;
   Program search_program_;  // the program the windows reorder (the incumbent's)

@@ -1,6 +1,7 @@
 #include "concerto/sim/memory.h"
 
 #include <algorithm>
+#include <cassert>
 #include <map>
 #include <vector>
 
@@ -41,6 +42,14 @@ MemoryPeak RankPeak(const Graph& g, const GraphIndex& index, const std::vector<c
 }  // namespace
 
 MemoryPeak PeakMemory(const Program& program, const Timeline& timeline) {
+  std::vector<GraphIndex> indexes;
+  indexes.reserve(program.graphs.size());
+  for (const Graph& g : program.graphs) indexes.push_back(GraphIndex::Build(g));
+  return PeakMemory(program, timeline, indexes);
+}
+
+MemoryPeak PeakMemory(const Program& program, const Timeline& timeline, const std::vector<GraphIndex>& indexes) {
+  assert(indexes.size() == program.graphs.size() && "one index per graph");
   std::map<int, std::vector<const OpRecord*>> by_rank;
   for (const auto& r : timeline.records) {
     auto& v = by_rank[r.rank];
@@ -51,12 +60,9 @@ MemoryPeak PeakMemory(const Program& program, const Timeline& timeline) {
     v[r.op_index] = &r;
   }
   MemoryPeak best;
-  std::map<std::string, GraphIndex> indexes;
   for (const auto& [rank, recs] : by_rank) {
-    const Graph& g = program.GraphOf(program.roles[program.RoleOfRank(rank)]);
-    auto it = indexes.find(g.name);
-    if (it == indexes.end()) it = indexes.emplace(g.name, GraphIndex::Build(g)).first;
-    MemoryPeak p = RankPeak(g, it->second, recs, rank, timeline.makespan_us);
+    const int gi = program.GraphIndex(program.roles[program.RoleOfRank(rank)].graph);
+    MemoryPeak p = RankPeak(program.graphs[gi], indexes[gi], recs, rank, timeline.makespan_us);
     if (p.peak_bytes > best.peak_bytes) best = p;
   }
   return best;

@@ -1,6 +1,7 @@
 #include "concerto/sim/simulator.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -91,10 +92,11 @@ std::vector<int> ChooseRanks(const Program& p, const std::vector<GraphIndex>& in
 
 class Simulator {
  public:
-  Simulator(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& options)
-      : p_(sp.program), sched_(sp.schedule), cost_(cost) {
+  Simulator(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& options,
+            const std::vector<GraphIndex>& indexes)
+      : p_(sp.program), sched_(sp.schedule), cost_(cost), indexes_(indexes) {
+    assert(indexes_.size() == p_.graphs.size() && "one index per graph");
     interference_ = options.interference >= 0 ? options.interference : cost.cluster().interference;
-    for (const auto& g : p_.graphs) indexes_.push_back(GraphIndex::Build(g));
     bool rep = false;
     ranks_ = ChooseRanks(p_, indexes_, cost_, options.all_ranks, &rep);
     timeline_.ranks = ranks_;
@@ -424,7 +426,7 @@ class Simulator {
   const Schedule& sched_;
   const CostModel& cost_;
   double interference_ = 0;
-  std::vector<GraphIndex> indexes_;
+  const std::vector<GraphIndex>& indexes_;  // one per graph of p_
   std::vector<int> ranks_;
   std::vector<SimRank> sim_;
   size_t total_ops_ = 0;
@@ -448,7 +450,15 @@ class Simulator {
 }  // namespace
 
 Result<Timeline> Simulate(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& options) {
-  Simulator sim(sp, cost, options);
+  std::vector<GraphIndex> indexes;
+  indexes.reserve(sp.program.graphs.size());
+  for (const Graph& g : sp.program.graphs) indexes.push_back(GraphIndex::Build(g));
+  return Simulate(sp, cost, options, indexes);
+}
+
+Result<Timeline> Simulate(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& options,
+                          const std::vector<GraphIndex>& indexes) {
+  Simulator sim(sp, cost, options, indexes);
   return sim.Run();
 }
 

@@ -1,8 +1,9 @@
 // The Concerto scheduler's speed-ups change nothing but time: reusing the
 // answer of an identical earlier window solve (reuse_windows) and solving
-// the next window of a pass ahead on a second thread (window_threads = 2)
-// give the same schedule, program and window-by-window report as solving
-// every window, one at a time.
+// the next window of a pass ahead on a second thread (threads = 2)
+// (threads = 2, which also runs the baselines two at a time) give the same
+// schedule, program and window-by-window report as solving every window, one
+// at a time.
 #include <gtest/gtest.h>
 
 #include "concerto/cost/cluster.h"
@@ -59,11 +60,11 @@ Runs RunBoth(int64_t memory_budget_bytes) {
   Runs runs;
   ConcertoOptions plain = o;
   plain.reuse_windows = false;
-  plain.window_threads = 1;
+  plain.threads = 1;
   runs.plain = RunConcerto(p, cost, plain, &runs.plain_report);
   ConcertoOptions fast = o;
   fast.reuse_windows = true;
-  fast.window_threads = 2;
+  fast.threads = 2;
   runs.fast = RunConcerto(p, cost, fast, &runs.fast_report);
   return runs;
 }

@@ -31,12 +31,13 @@ struct ConcertoOptions {
   /// Reuse the answer of the last solve at the same place (role, pass, first
   /// block) when the window's problem is identical field by field.
   bool reuse_windows = true;
-  /// 2: while a window is solved, the next window of the pass is solved on a
-  /// second thread against the start ticks before it, and that answer is
-  /// used when the next window's problem turns out identical (else it is
-  /// solved again). 1: one window at a time. Only thread-safe backends
-  /// (Gecode) speculate.
-  int window_threads = 2;
+  /// 2: the baselines are scheduled and measured two at a time, and while a
+  /// window is solved the next window of the pass is solved on a second
+  /// thread against the start ticks before it; that answer is used when the
+  /// next window's problem turns out identical (else it is solved again).
+  /// 1: everything one at a time. Only thread-safe backends (Gecode)
+  /// speculate.
+  int threads = 2;
   bool fuse = true;                  // the fusion pass after decoding
   int64_t memory_budget_bytes = 0;   // peak memory per rank to stay under; 0: none
   SimOptions sim;                    // how candidates are simulated
@@ -72,7 +73,7 @@ struct ConcertoReport {
   int windows_unsolved = 0;       // no answer in time (the window kept its order)
   int windows_hit_time_limit = 0; // stopped by the wall-clock safety net
   int windows_reused = 0;         // answered by an identical earlier solve (ConcertoOptions::reuse_windows)
-  int windows_speculated = 0;     // solved ahead on the second thread and used (ConcertoOptions::window_threads)
+  int windows_speculated = 0;     // solved ahead on the second thread and used (ConcertoOptions::threads)
   int passes_over_memory = 0;     // decoded passes over the budget, undone
   int inter_node_stream_ops = 0;  // collectives moved to an inter-node stream (0: not split)
   int fused_collectives = 0;      // collectives merged by the fusion pass

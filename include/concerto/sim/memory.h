@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "concerto/ir/graph_index.h"
 #include "concerto/ir/ir.h"
 #include "concerto/sim/simulator.h"
 
@@ -19,5 +20,9 @@ struct MemoryPeak {
 
 /// The largest peak over the simulated ranks of `timeline`.
 MemoryPeak PeakMemory(const Program& program, const Timeline& timeline);
+
+/// The same with the index of every graph already built (one per graph of
+/// the program, in its order).
+MemoryPeak PeakMemory(const Program& program, const Timeline& timeline, const std::vector<GraphIndex>& indexes);
 
 }  // namespace concerto

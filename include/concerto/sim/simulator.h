@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "concerto/cost/cost_model.h"
+#include "concerto/ir/graph_index.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/util/status.h"
 
@@ -49,5 +50,11 @@ struct Timeline {
 /// order, an unmatched send).
 Result<Timeline> Simulate(const ScheduledProgram& sp, const CostModel& cost,
                           const SimOptions& options = {});
+
+/// The same with the index of every graph of the program already built (one
+/// per graph, in the program's order), for callers that simulate one program
+/// several times or also need the indexes themselves.
+Result<Timeline> Simulate(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& options,
+                          const std::vector<GraphIndex>& indexes);
 
 }  // namespace concerto
