@@ -74,6 +74,21 @@ BENCHMARK_CAPTURE(BM_BaselineOnGpt, megatron, std::string("megatron"))->Unit(ben
 BENCHMARK_CAPTURE(BM_BaselineOnGpt, zero, std::string("zero"))->Unit(benchmark::kMillisecond);
 BENCHMARK_CAPTURE(BM_BaselineOnGpt, xla_lhs, std::string("xla-lhs"))->Unit(benchmark::kMillisecond);
 
+/// Times RunConcerto on `p` and sets the makespan counters every Concerto
+/// benchmark reports; returns the last run's report.
+ConcertoReport TimeConcerto(benchmark::State& state, const Program& p, const CostModel& cost,
+                            const ConcertoOptions& options) {
+  ConcertoReport report;
+  for (auto _ : state) {
+    Result<ScheduledProgram> sp = RunConcerto(p, cost, options, &report);
+    if (!sp.ok()) state.SkipWithError(sp.status().message().c_str());
+  }
+  state.counters["incumbent_us"] = report.incumbent_makespan_us;
+  state.counters["concerto_us"] = report.final_makespan_us;
+  state.counters["lower_bound_us"] = report.lower_bound_us;
+  return report;
+}
+
 /// The Concerto scheduler with default options on a synthetic graph of
 /// state.range(0) ops (8 ranks): search time and quality against the best
 /// baseline and the lower bound.
@@ -85,14 +100,7 @@ void BM_ConcertoSynthetic(benchmark::State& state) {
   AnalyticCostModel cost = A800();
   ConcertoOptions options;
   options.time_budget_s = 120;
-  ConcertoReport report;
-  for (auto _ : state) {
-    Result<ScheduledProgram> sp = RunConcerto(p, cost, options, &report);
-    if (!sp.ok()) state.SkipWithError(sp.status().message().c_str());
-  }
-  state.counters["incumbent_us"] = report.incumbent_makespan_us;
-  state.counters["concerto_us"] = report.final_makespan_us;
-  state.counters["lower_bound_us"] = report.lower_bound_us;
+  const ConcertoReport report = TimeConcerto(state, p, cost, options);
   state.counters["T_over_LB"] = report.final_makespan_us / report.lower_bound_us;
   state.counters["windows"] = static_cast<double>(report.windows.size());
   state.counters["rounds"] = report.rounds_run;
@@ -103,15 +111,7 @@ BENCHMARK(BM_ConcertoSynthetic)->Arg(1000)->Arg(10000)->Iterations(1)->Unit(benc
 void BM_ConcertoGpt13b(benchmark::State& state) {
   Program p = LowerGpt(GptPreset("gpt-1.3b").value(), {4, 8}).value();
   AnalyticCostModel cost = A800();
-  ConcertoOptions options;
-  ConcertoReport report;
-  for (auto _ : state) {
-    Result<ScheduledProgram> sp = RunConcerto(p, cost, options, &report);
-    if (!sp.ok()) state.SkipWithError(sp.status().message().c_str());
-  }
-  state.counters["incumbent_us"] = report.incumbent_makespan_us;
-  state.counters["concerto_us"] = report.final_makespan_us;
-  state.counters["lower_bound_us"] = report.lower_bound_us;
+  const ConcertoReport report = TimeConcerto(state, p, cost, ConcertoOptions{});
   state.counters["improvement"] = report.incumbent_makespan_us / report.final_makespan_us;
 }
 BENCHMARK(BM_ConcertoGpt13b)->Iterations(1)->Unit(benchmark::kSecond);

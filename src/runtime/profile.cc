@@ -352,15 +352,25 @@ std::string WriteCollectiveSamples(const std::vector<CollectiveSample>& samples,
   return j.dump(1) + "\n";
 }
 
-Result<std::vector<CollectiveSample>> ReadCollectiveSamples(const std::string& path) {
+namespace {
+
+/// The JSON document in file `path`; errors name the file.
+Result<nlohmann::json> ReadJsonFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return Status::Error(path + ": cannot open");
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    return nlohmann::json::parse(in);
   } catch (const nlohmann::json::exception& e) {
     return Status::Error(path + ": " + e.what());
   }
+}
+
+}  // namespace
+
+Result<std::vector<CollectiveSample>> ReadCollectiveSamples(const std::string& path) {
+  Result<nlohmann::json> parsed = ReadJsonFile(path);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (!j.is_object() || j.value("format", "") != "concerto-collective-samples" || !j.contains("samples") ||
       !j["samples"].is_array())
     return Status::Error(path + ": not a collective sample file (format 'concerto-collective-samples' with a "
@@ -751,14 +761,9 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
 }
 
 Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Error(path + ": " + e.what());
-  }
+  Result<nlohmann::json> parsed = ReadJsonFile(path);
+  if (!parsed.ok()) return parsed.status();
+  const nlohmann::json& j = *parsed;
   if (!j.is_object() || j.value("format", "") != "concerto-interference" || !j.contains("kernels") ||
       !j["kernels"].is_array())
     return Status::Error(path + ": not an interference file (format 'concerto-interference' with a 'kernels' list)");

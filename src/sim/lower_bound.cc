@@ -23,10 +23,7 @@ struct JoinedGraph {
   std::vector<double> dur;
   std::vector<std::string> stream;  // "role/stream" per node
   std::vector<std::vector<int>> preds, succs;
-  /// Per node: index into `keys` for a send/recv between representatives, else -1.
-  std::vector<int> key_of;
   std::vector<std::pair<std::vector<int>, std::vector<int>>> keys;  // (sends, recvs)
-  std::vector<char> is_send;
 };
 
 JoinedGraph Build(const Program& program, const CostModel& cost, bool control_deps) {
@@ -51,8 +48,6 @@ JoinedGraph Build(const Program& program, const CostModel& cost, bool control_de
       j.stream.push_back(role.name + "/" + op.stream);
       j.preds.emplace_back();
       for (int p : index.preds[i]) j.preds.back().push_back(base + p);
-      j.key_of.push_back(-1);
-      j.is_send.push_back(op.kind == OpKind::kSend);
       if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) continue;
       const int peer = PeerRank(program.mesh, op.peer, rep);
       if (!rep_role.count(peer)) continue;  // a peer not simulated: left unjoined (a relaxation)
@@ -60,7 +55,6 @@ JoinedGraph Build(const Program& program, const CostModel& cost, bool control_de
       auto [it, added] = key_index.emplace(std::make_tuple(send ? rep : peer, send ? peer : rep, op.tag),
                                            static_cast<int>(j.keys.size()));
       if (added) j.keys.emplace_back();
-      j.key_of[node] = it->second;
       (send ? j.keys[it->second].first : j.keys[it->second].second).push_back(node);
     }
   }
