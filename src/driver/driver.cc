@@ -1,8 +1,10 @@
 #include "concerto/driver/driver.h"
 
 #include <algorithm>
+#include <cassert>
 #include <fmt/format.h>
 
+#include "concerto/schedule/propagation_bound.h"
 #include "concerto/schedule/scheduler.h"
 
 namespace concerto {
@@ -117,6 +119,24 @@ SimOptions ToSimOptions(const Options& options) {
   return s;
 }
 
+/// Raises the summary's bound to the propagation bound of `program`
+/// (schedule/propagation_bound.h, searched up to the run's makespan) and to
+/// the interference bound of the simulation (sim/lower_bound.h). A makespan
+/// below the bound is a broken invariant: both are proven.
+Status AddStrongerBounds(const Program& program, const CostModel& cost, const SimOptions& sim, Summary* summary) {
+  PropagationBoundOptions o;
+  o.upper_bound_us = summary->makespan_us;
+  Result<PropagationBound> b = ComputePropagationBound(program, cost, o);
+  if (!b.ok()) return b.status();
+  summary->bound.propagation_us = b->bound_us;
+  summary->bound.interference_us =
+      InterferenceBoundUs(program, cost, sim.interference >= 0 ? sim.interference : cost.cluster().interference);
+  summary->bound.lower_bound_us =
+      std::max({summary->bound.lower_bound_us, b->bound_us, summary->bound.interference_us});
+  assert(summary->makespan_us >= summary->bound.lower_bound_us * (1 - 1e-9) && "a schedule beats the lower bound");
+  return Status::Ok();
+}
+
 /// Verifies, simulates and summarizes a scheduled program.
 Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Options& options) {
   std::vector<std::string> violations = VerifySchedule(sp.program, sp.schedule);
@@ -130,6 +150,7 @@ Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Opt
   if (!timeline.ok()) return timeline.status();
   RunResult run{std::move(sp), std::move(timeline).value(), {}, std::nullopt, std::nullopt};
   run.summary = Summarize(run.scheduled, run.timeline, cost);
+  CONCERTO_RETURN_IF_ERROR(AddStrongerBounds(run.scheduled.program, cost, ToSimOptions(options), &run.summary));
   return run;
 }
 

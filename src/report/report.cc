@@ -134,6 +134,10 @@ json SummaryJson(const Summary& s) {
   j["lower_bound_critical_path_us"] = s.bound.critical_path_us;
   j["lower_bound_stream_load_us"] = s.bound.stream_load_us;
   j["lower_bound_busiest_stream"] = s.bound.busiest_stream;
+  j["lower_bound_plain_us"] = s.bound.PlainUs();
+  j["lower_bound_propagation_us"] = s.bound.propagation_us;
+  j["lower_bound_interference_us"] = s.bound.interference_us;
+  j["lower_bound_binding"] = s.bound.BindingTerm();
   j["ratio_to_lower_bound"] = s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0;
   j["exposed_comm_us"] = s.exposed_comm_us;
   j["compute_busy_us"] = s.compute_busy_us;

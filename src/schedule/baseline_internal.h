@@ -109,12 +109,19 @@ int GroupSize(const Mesh& mesh, const Group& group);
 /// buckets, and plans the graph: bucket ops launched right after their latest
 /// producer in bucket order, every other op at its program position; comm
 /// ops for which `sync` is true listed on the graph's first stream.
+/// `graph_index`: graph's index when the caller has it (else built here).
 Result<GraphPlan> PlanBucketed(const Graph& graph, std::vector<int> ops, const BucketRule& rule,
-                               const std::function<bool(const Op&)>& sync);
+                               const std::function<bool(const Op&)>& sync, const GraphIndex* graph_index = nullptr);
 
-/// Launch sequence and streams for `plan.graph` from per-op keys.
+/// Launch sequence and streams for `plan.graph` from per-op keys (`index`:
+/// plan.graph's); asserts IsLaunchOrder.
 void FinishPlan(GraphPlan& plan, const GraphIndex& index, const std::vector<LaunchKey>& keys,
                 const std::function<bool(const Op&)>& sync);
+
+/// True when `plan.sequence` lists every op of `plan.graph` once, each after
+/// its predecessors (`index`: plan.graph's). Every planner asserts it with
+/// the index it already has.
+bool IsLaunchOrder(const GraphPlan& plan, const GraphIndex& index);
 
 // The baselines, one graph at a time.
 Result<GraphPlan> PlanSequential(const Graph& graph);

@@ -38,7 +38,7 @@ Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const Basel
     if (op.tags.purpose == "grad_sync") return false;
     return op.kind != OpKind::kCollective || !async_groups.count(GroupSpecKey(op.group));
   };
-  return PlanBucketed(graph, std::move(grads), rule, sync);
+  return PlanBucketed(graph, std::move(grads), rule, sync, &index);
 }
 
 }  // namespace concerto::baseline

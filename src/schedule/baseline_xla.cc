@@ -221,6 +221,7 @@ Result<GraphPlan> PlanXlaLhs(const Graph& graph, bool keep_comm_order) {
   plan.sequence = XlaLhs(graph, index, *pos, keep_comm_order).Run();
   std::reverse(plan.sequence.begin(), plan.sequence.end());
   plan.stream = OwnStreams(graph);
+  assert(IsLaunchOrder(plan, index) && "xla-lhs produced a non-topological order");
   return plan;
 }
 

@@ -55,9 +55,9 @@ int EarliestSuccPos(const GraphIndex& index, const std::vector<int>& pos, int i)
 /// compute that uses them. `buckets` are op ids in order of use. A dep is
 /// skipped when that consumer is not strictly before every successor of
 /// bucket k+1 (it could depend on the bucket: adding it might close a cycle).
-void AddPrefetchWindow(Graph& graph, const std::vector<int>& buckets) {
-  const GraphIndex index = GraphIndex::Build(graph);
-  std::vector<int> pos = *ProgramPositions(graph, index);
+/// `index` and `pos` (ProgramPositions) are those of `graph` as given.
+void AddPrefetchWindow(Graph& graph, const std::vector<int>& buckets, const GraphIndex& index,
+                       const std::vector<int>& pos) {
   std::vector<int> order(pos.size());
   for (size_t i = 0; i < pos.size(); ++i) order[pos[i]] = static_cast<int>(i);
   std::vector<std::pair<int, int>> deps;  // (op index of bucket, op id it waits for)
@@ -121,8 +121,8 @@ Result<GraphPlan> PlanZero(const Graph& graph, const Mesh& mesh, const BaselineO
     for (int id : param_ids) idx.push_back(index.op.at(id));
     SortByUse(idx, plan.graph, index, pos);
     for (size_t k = 0; k < idx.size(); ++k) param_ids[k] = plan.graph.ops[idx[k]].id;
+    AddPrefetchWindow(plan.graph, param_ids, index, pos);  // the graph as indexed: only control deps change
   }
-  AddPrefetchWindow(plan.graph, param_ids);
   const GraphIndex index = GraphIndex::Build(plan.graph);
   std::vector<int> pos = *ProgramPositions(plan.graph, index);
   std::vector<LaunchKey> keys(plan.graph.ops.size());

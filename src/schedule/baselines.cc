@@ -5,8 +5,10 @@
 #include <cassert>
 #include <climits>
 #include <map>
+#include <optional>
 #include <queue>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "baseline_internal.h"
@@ -280,13 +282,16 @@ void FinishPlan(GraphPlan& plan, const GraphIndex& index, const std::vector<Laun
     const Op& op = plan.graph.ops[i];
     if (op.IsComm() && sync && sync(op)) plan.stream[i] = plan.graph.streams.front();
   }
+  assert(IsLaunchOrder(plan, index) && "baseline produced a non-topological order");
 }
 
 Result<GraphPlan> PlanBucketed(const Graph& graph, std::vector<int> ops, const BucketRule& rule,
-                               const std::function<bool(const Op&)>& sync) {
+                               const std::function<bool(const Op&)>& sync, const GraphIndex* graph_index) {
   GraphPlan plan{graph, {}, {}, {}};
   {
-    const GraphIndex index = GraphIndex::Build(graph);
+    std::optional<GraphIndex> built;
+    if (!graph_index) graph_index = &built.emplace(GraphIndex::Build(graph));
+    const GraphIndex& index = *graph_index;
     Result<std::vector<int>> pos = ProgramPositions(graph, index);
     if (!pos.ok()) return pos.status();
     SortByReadiness(ops, index, *pos);
@@ -344,9 +349,20 @@ static RoleSchedule ToRoleSchedule(const GraphPlan& plan, const std::string& rol
   return rs;
 }
 
-/// True when `plan.sequence` lists every op once, each after its predecessors.
-static bool IsLaunchOrder(const GraphPlan& plan) {
-  const GraphIndex index = GraphIndex::Build(plan.graph);
+/// True when every control edge of `plan.graph` follows `plan.sequence`
+/// (MakeSyncExplicit adds only control edges, so after IsLaunchOrder held
+/// this is all that can break; it needs no GraphIndex).
+static bool ControlEdgesFollowLaunchOrder(const GraphPlan& plan) {
+  std::unordered_map<int, int> at;  // op id -> launch position
+  at.reserve(plan.sequence.size());
+  for (size_t k = 0; k < plan.sequence.size(); ++k) at.emplace(plan.graph.ops[plan.sequence[k]].id, static_cast<int>(k));
+  for (const Op& op : plan.graph.ops)
+    for (int dep : op.control_deps)
+      if (auto d = at.find(dep); d != at.end() && d->second > at.at(op.id)) return false;
+  return true;
+}
+
+bool IsLaunchOrder(const GraphPlan& plan, const GraphIndex& index) {
   const size_t n = plan.graph.ops.size();
   if (plan.sequence.size() != n || plan.stream.size() != n) return false;
   std::vector<int> at(n, -1);
@@ -419,30 +435,46 @@ Result<ScheduledProgram> RunBaseline(const std::string& name, const Program& pro
     for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
     return Status::Error("unknown baseline scheduler '" + name + "' (known: " + known + ")");
   }
-  ScheduledProgram out{program, {}};
+  ScheduledProgram out;
   out.schedule.scheduler = name;
-  std::map<std::string, baseline::GraphPlan> plans;  // graph name -> plan, each graph once
+  // The program with each planned graph moved in from its plan: the graphs
+  // roles run are not copied first only to be overwritten (at 10k ops a
+  // graph copy is a sizeable part of a baseline's time).
+  out.program.name = program.name;
+  out.program.mesh = program.mesh;
+  out.program.roles = program.roles;
+  out.program.graphs.resize(program.graphs.size());
+  struct Planned {
+    RoleSchedule orders;  // for any role running the graph (its name set per role)
+    std::vector<baseline::FusedBucket> fused;
+  };
+  std::map<int, Planned> plans;  // graph index -> its plan's orders, each graph once
   std::set<std::string> graphs_used;
   for (const Role& role : program.roles) graphs_used.insert(role.graph);
   const bool multi_graph = graphs_used.size() > 1;
   for (const Role& role : program.roles) {
     int g = program.GraphIndex(role.graph);
     if (g < 0) return Status::Error("role '" + role.name + "' names unknown graph '" + role.graph + "'");
-    auto it = plans.find(role.graph);
+    auto it = plans.find(g);
     if (it == plans.end()) {
       Result<baseline::GraphPlan> plan =
           baseline::PlanGraph(name, program.graphs[g], program.mesh, options, multi_graph);
       if (!plan.ok()) return Status::Error(name + ": " + plan.status().message());
-      assert(baseline::IsLaunchOrder(*plan) && "baseline produced a non-topological order");
+      // Each planner asserted IsLaunchOrder with its own index.
       baseline::MakeSyncExplicit(*plan);
-      assert(baseline::IsLaunchOrder(*plan) && "synchronous edges broke the launch order");
-      out.program.graphs[g] = plan->graph;
-      it = plans.emplace(role.graph, std::move(*plan)).first;
+      assert(baseline::ControlEdgesFollowLaunchOrder(*plan) && "synchronous edges broke the launch order");
+      Planned planned{baseline::ToRoleSchedule(*plan, role.name), std::move(plan->fused)};
+      out.program.graphs[g] = std::move(plan->graph);
+      it = plans.emplace(g, std::move(planned)).first;
     }
-    out.schedule.roles.push_back(baseline::ToRoleSchedule(it->second, role.name));
+    RoleSchedule rs = it->second.orders;
+    rs.role = role.name;
+    out.schedule.roles.push_back(std::move(rs));
     for (const auto& f : it->second.fused)
       out.schedule.fusion_groups.push_back({role.name, f.fused_op, f.members});
   }
+  for (size_t g = 0; g < program.graphs.size(); ++g)
+    if (!plans.count(static_cast<int>(g))) out.program.graphs[g] = program.graphs[g];  // no role runs it
   return out;
 }
 

@@ -21,6 +21,7 @@
 
 #include "concerto/ir/graph_index.h"
 #include "concerto/schedule/fusion_pass.h"
+#include "concerto/schedule/list_schedule.h"
 #include "concerto/sim/lower_bound.h"
 #include "concerto/sim/memory.h"
 
@@ -46,11 +47,11 @@ struct Measured {
 };
 
 Result<Measured> Measure(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& sim) {
-  std::vector<std::string> v = VerifySchedule(sp.program, sp.schedule);
-  if (!v.empty()) return Status::Error("schedule fails verification: " + v[0]);
-  std::vector<GraphIndex> indexes;  // built once for the simulation and the memory sweep
+  std::vector<GraphIndex> indexes;  // built once for the verifier, the simulation and the memory sweep
   indexes.reserve(sp.program.graphs.size());
   for (const Graph& g : sp.program.graphs) indexes.push_back(GraphIndex::Build(g));
+  std::vector<std::string> v = VerifySchedule(sp.program, sp.schedule, indexes);
+  if (!v.empty()) return Status::Error("schedule fails verification: " + v[0]);
   Result<Timeline> t = Simulate(sp, cost, sim, indexes);
   if (!t.ok()) return t.status();
   return Measured{t->makespan_us, PeakMemory(sp.program, *t, indexes).peak_bytes};
@@ -58,8 +59,9 @@ Result<Measured> Measure(const ScheduledProgram& sp, const CostModel& cost, cons
 
 /// Drops the control edges a baseline added (synchronous collectives,
 /// serialization), keeping those of the input program and those pointing at
-/// ops the baseline created (fused buckets). Returns whether any was dropped.
-bool StripSchedulerEdges(const Program& input, Program& scheduled) {
+/// ops the baseline created (fused buckets). Returns whether any was dropped;
+/// with `dry_run` only says so and changes nothing.
+bool StripSchedulerEdges(const Program& input, Program& scheduled, bool dry_run = false) {
   bool dropped = false;
   for (size_t g = 0; g < scheduled.graphs.size(); ++g) {
     const Graph& in = input.graphs[g];
@@ -74,7 +76,8 @@ bool StripSchedulerEdges(const Program& input, Program& scheduled) {
         if (!input_ops.count(d) || std::find(original.begin(), original.end(), d) != original.end())
           kept.push_back(d);
       dropped = dropped || kept.size() != op.control_deps.size();
-      op.control_deps = std::move(kept);
+      if (dry_run && dropped) return true;
+      if (!dry_run) op.control_deps = std::move(kept);
     }
   }
   return dropped;
@@ -163,6 +166,9 @@ struct RoleSearch {
   std::vector<int> topo;          // per op: position in a topological order
   std::vector<std::vector<int>> order;  // per stream: op indices sorted by (t, topo)
   std::vector<int64_t> tensor_units;    // per tensor: size in memory units (budget only)
+  /// Per op: the start tick of the op a send or recv meets in the joined
+  /// timeline (JoinedCompact), or -1; empty for a program of one role.
+  std::vector<int64_t> meet;
 };
 
 /// Sorts each stream's ops by (start tick, topological position).
@@ -224,6 +230,67 @@ void Compact(RoleSearch& r) {
   }
   assert(done == n && "stream orders form a cycle");
   r.t = std::move(t);
+}
+
+/// As-soon-as-possible start ticks of every role at once for the current
+/// per-stream orders, under the machine model at nominal durations: an op
+/// starts when its stream's previous op and its predecessors have ended, and
+/// a send starts together with the recv it meets (`partner`, PairSendRecv)
+/// once both could. So a recv starts when its data can arrive and the
+/// pipeline's fill, bubbles and drain show. Sets each role's `t` and `meet`.
+/// Returns false, changing nothing, when the orders deadlock across roles.
+bool JoinedCompact(std::vector<RoleSearch>& roles, const std::vector<std::vector<RoleOp>>& partner) {
+  std::vector<int> base;
+  int n = 0;
+  for (const RoleSearch& r : roles) base.push_back(n), n += static_cast<int>(r.graph->ops.size());
+  std::vector<int> other(n, -1), next(n, -1);  // partner node, next op on the stream
+  for (size_t k = 0; k < roles.size(); ++k) {
+    const RoleSearch& r = roles[k];
+    assert(r.role == static_cast<int>(k) && "one RoleSearch per program role, in order");
+    for (const auto& o : r.order)
+      for (size_t q = 0; q + 1 < o.size(); ++q) next[base[k] + o[q]] = base[k] + o[q + 1];
+    for (size_t i = 0; i < r.graph->ops.size(); ++i)
+      if (const RoleOp p = partner[r.role][i]; p.role >= 0) other[base[k] + i] = base[p.role] + p.op;
+  }
+  auto unit = [&](int v) { return other[v] >= 0 ? std::min(v, other[v]) : v; };
+  auto role_of = [&](int v) { return static_cast<int>(std::upper_bound(base.begin(), base.end(), v) - base.begin()) - 1; };
+  std::vector<int> indeg(n, 0);
+  auto for_each_succ = [&](int v, auto&& fn) {
+    const int k = role_of(v);
+    for (int s : roles[k].index.succs[v - base[k]]) fn(base[k] + s);
+    if (next[v] >= 0) fn(next[v]);
+  };
+  for (int v = 0; v < n; ++v) for_each_succ(v, [&](int s) { indeg[unit(s)]++; });
+  std::vector<int64_t> earliest(n, 0), t(n, 0);
+  std::vector<int> stack;
+  for (int v = 0; v < n; ++v)
+    if (unit(v) == v && indeg[v] == 0) stack.push_back(v);
+  int done = 0;
+  while (!stack.empty()) {
+    const int u = stack.back();
+    stack.pop_back();
+    const int64_t start = other[u] >= 0 ? std::max(earliest[u], earliest[other[u]]) : earliest[u];
+    for (int m : {u, other[u]}) {
+      if (m < 0) continue;
+      ++done;
+      t[m] = start;
+      const int64_t end = start + roles[role_of(m)].dur[m - base[role_of(m)]];
+      for_each_succ(m, [&](int s) {
+        earliest[s] = std::max(earliest[s], end);
+        if (--indeg[unit(s)] == 0) stack.push_back(unit(s));
+      });
+    }
+  }
+  if (done != n) return false;
+  for (size_t k = 0; k < roles.size(); ++k) {
+    RoleSearch& r = roles[k];
+    const int ops = static_cast<int>(r.graph->ops.size());
+    r.t.assign(t.begin() + base[k], t.begin() + base[k] + ops);
+    r.meet.assign(ops, -1);
+    for (int i = 0; i < ops; ++i)
+      if (other[base[k] + i] >= 0) r.meet[i] = t[other[base[k] + i]];
+  }
+  return true;
 }
 
 Schedule Decode(const Program& program, const std::vector<RoleSearch>& roles, const std::string& name) {
@@ -375,6 +442,9 @@ Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t
       if (task_of[p] < 0) release[tk] = std::max(release[tk], r.t[p] + r.dur[p]);
     for (int s : r.index.succs[i])
       if (task_of[s] < 0) deadline[tk] = std::min(deadline[tk], r.t[s]);
+    // A send or recv cannot start before the op it meets in another role
+    // (the joined timeline): its data is not there earlier.
+    if (!r.meet.empty() && r.meet[i] >= 0) release[tk] = std::max(release[tk], r.meet[i]);
   }
   WindowProblem& pb = w.problem;
   pb.num_resources = static_cast<int>(r.graph->streams.size());
@@ -422,7 +492,12 @@ class Search {
       report_->makespan_after_round_us.push_back(best_.makespan_us);
     }
     if (opts_.fuse && program_.roles.size() == 1) CONCERTO_RETURN_IF_ERROR(Fuse());
-    if (fallback_.makespan_us < best_.makespan_us) best_ = std::move(fallback_);
+    const bool fell_back = fallback_.makespan_us < best_.makespan_us;
+    if (fell_back) best_ = std::move(fallback_);
+    // Fusion and the fallback change the program (fused collectives, no
+    // split streams), and the bound is a property of the program: report the
+    // bound of the one returned.
+    if (fell_back || report_->fused_collectives > 0) report_->lower_bound_us = LowerBoundUs(best_.sp.program);
     best_.sp.schedule.scheduler = "concerto";
     report_->final_makespan_us = best_.makespan_us;
     report_->memory_budget_bytes = opts_.memory_budget_bytes;
@@ -435,7 +510,12 @@ class Search {
 
  private:
   double LowerBoundUs(const Program& p) {
-    return ComputeLowerBound(p, cost_, /*control_deps=*/false).lower_bound_us;
+    // The plain bound and the (linear-time) interference bound of the
+    // simulation the search measures with; the propagation bound is left to
+    // the driver's summary (up to a second per run).
+    const double f = opts_.sim.interference >= 0 ? opts_.sim.interference : cost_.cluster().interference;
+    return std::max(ComputeLowerBound(p, cost_, /*control_deps=*/false).lower_bound_us,
+                    InterferenceBoundUs(p, cost_, f));
   }
 
   /// Every baseline, simulated as it is (the fallback: never return worse)
@@ -459,11 +539,13 @@ class Search {
     if (!run.as_is_sp.ok()) return run;
     run.as_is = Measure(*run.as_is_sp, cost_, opts_.sim);
     if (!run.as_is.ok()) return run;
-    ScheduledProgram stripped = *run.as_is_sp;
-    if (!StripSchedulerEdges(program_, stripped.program)) {
+    // Copied (a sizeable cost at 10k ops) only when there are edges to strip.
+    if (!StripSchedulerEdges(program_, run.as_is_sp->program, /*dry_run=*/true)) {
       run.stripped = run.as_is;
       return run;
     }
+    ScheduledProgram stripped = *run.as_is_sp;
+    StripSchedulerEdges(program_, stripped.program);
     run.stripped = Measure(stripped, cost_, opts_.sim);
     run.stripped_sp = std::move(stripped);
     return run;
@@ -475,10 +557,12 @@ class Search {
   Status PickIncumbent() {
     int64_t lowest_peak = -1;
     std::string lowest_name;
-    auto consider = [&](const ScheduledProgram& sp, const Measured& m, const std::string& name, Candidate& slot) {
+    // Whether a measured schedule replaces what `slot` holds (and notes the
+    // lowest peak of all). Programs are moved into the slots, copied only
+    // when one program goes to both (at 100k ops a copy takes seconds).
+    auto better = [&](const Measured& m, const std::string& name, const Candidate& slot) {
       if (lowest_peak < 0 || m.peak_bytes < lowest_peak) lowest_peak = m.peak_bytes, lowest_name = name;
-      if (!Fits(m.peak_bytes)) return;
-      if (slot.name.empty() || m.makespan_us < slot.makespan_us) slot = {sp, m.makespan_us, name, m.peak_bytes};
+      return Fits(m.peak_bytes) && (slot.name.empty() || m.makespan_us < slot.makespan_us);
     };
     // Baselines are scheduled and measured opts_.threads at a time (they are
     // independent) and considered in their fixed order, as one at a time.
@@ -494,8 +578,14 @@ class Search {
         BaselineRun run = runs[k].get();
         if (!run.as_is_sp.ok()) return Status::Error("baseline '" + name + "': " + run.as_is_sp.status().message());
         if (!run.as_is.ok()) return Status::Error("baseline '" + name + "': " + run.as_is.status().message());
-        consider(*run.as_is_sp, *run.as_is, name, fallback_);
-        if (run.stripped.ok()) consider(run.stripped_sp ? *run.stripped_sp : *run.as_is_sp, *run.stripped, name, best_);
+        const bool to_fallback = better(*run.as_is, name, fallback_);
+        const bool to_best = run.stripped.ok() && better(*run.stripped, name, best_);
+        if (to_best) {
+          ScheduledProgram& sp = run.stripped_sp ? *run.stripped_sp : *run.as_is_sp;
+          best_ = {to_fallback && !run.stripped_sp ? sp : std::move(sp), run.stripped->makespan_us, name,
+                   run.stripped->peak_bytes};
+        }
+        if (to_fallback) fallback_ = {std::move(*run.as_is_sp), run.as_is->makespan_us, name, run.as_is->peak_bytes};
       }
     }
     if (fallback_.name.empty() && best_.name.empty())
@@ -505,6 +595,7 @@ class Search {
           opts_.memory_budget_bytes, lowest_peak, lowest_peak / double(1 << 30), lowest_name));
     if (fallback_.name.empty()) fallback_ = best_;
     if (best_.name.empty()) best_ = fallback_;
+    TryListSchedule();
     TrySplitStreams();
     report_->incumbent = fallback_.name;
     report_->incumbent_makespan_us = fallback_.makespan_us;
@@ -513,6 +604,23 @@ class Search {
                     "({:.3f} ms)",
                     fallback_.name, fallback_.makespan_us / 1e3, best_.name, best_.makespan_us / 1e3));
     return Status::Ok();
+  }
+
+  /// The critical-path list schedule over the joined graph of all roles
+  /// (CriticalPathListSchedule) as a further starting point: it replaces the
+  /// best stripped baseline when it simulates faster and fits. Never the
+  /// fallback, which stays a baseline. Dropped when it deadlocks.
+  void TryListSchedule() {
+    if (!opts_.list_schedule) return;
+    Result<Schedule> s = CriticalPathListSchedule(program_, cost_);
+    if (!s.ok()) return Say("list schedule: " + s.status().message() + " (not a starting point)");
+    ScheduledProgram sp{program_, std::move(s).value()};
+    Result<Measured> m = Measure(sp, cost_, opts_.sim);
+    if (!m.ok()) return Say("list schedule dropped: " + m.status().message());
+    const bool keep = m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
+    Say(fmt::format("list schedule (critical path over the joined graph): {:.3f} ms{}", m->makespan_us / 1e3,
+                    keep ? "" : fmt::format(" (not kept: '{}' is {:.3f} ms)", best_.name, best_.makespan_us / 1e3)));
+    if (keep) best_ = {std::move(sp), m->makespan_us, "list", m->peak_bytes};
   }
 
   /// The starting point with inter-node collectives on a stream of their own
@@ -577,7 +685,23 @@ class Search {
           r.tensor_units.push_back((tensor.Bytes() + mem_unit_bytes_ - 1) / mem_unit_bytes_);
       roles_.push_back(std::move(r));
     }
+    // Several roles: start ticks from the joined timeline, so the windows
+    // see when each recv's data arrives (the pipeline's bubbles).
+    partner_.clear();
+    if (roles_.size() > 1) {
+      partner_ = PairSendRecv(p);
+      if (!JoinedCompact(roles_, partner_)) partner_.clear();
+    }
     return Status::Ok();
+  }
+
+  /// As-soon-as-possible start ticks of every role for the current orders:
+  /// the joined timeline when the program has several roles, else each role
+  /// alone. False when the orders deadlock across roles.
+  bool CompactAll() {
+    if (!partner_.empty()) return JoinedCompact(roles_, partner_);
+    for (RoleSearch& r : roles_) Compact(r);
+    return true;
   }
 
   bool Done() {
@@ -596,6 +720,13 @@ class Search {
     for (const RoleSearch& r : roles_) saved.push_back(r.t);
     for (RoleSearch& r : roles_) {
       SortStreams(r);
+      if (!partner_.empty() && r.role > 0) {
+        // Earlier roles' windows moved their ops: refresh the joined
+        // timeline (and so the arrival ticks) this role's windows see.
+        for (RoleSearch& q : roles_) SortStreams(q);
+        if (JoinedCompact(roles_, partner_))
+          for (RoleSearch& q : roles_) SortStreams(q);
+      }
       std::vector<int> global(r.graph->ops.size());
       std::iota(global.begin(), global.end(), 0);
       std::sort(global.begin(), global.end(),
@@ -632,11 +763,23 @@ class Search {
       }
       if (helper_run_.valid()) helper_run_.wait();
     }
-    for (RoleSearch& r : roles_) {
-      SortStreams(r);
-      Compact(r);
-      SortStreams(r);
+    for (RoleSearch& r : roles_) SortStreams(r);
+    if (!CompactAll()) {
+      // The windows solve one role at a time; orders that deadlock across
+      // roles are dropped (the pass is undone).
+      for (size_t k = 0; k < roles_.size(); ++k) {
+        roles_[k].t = saved[k];
+        SortStreams(roles_[k]);
+      }
+      const bool ok = CompactAll();
+      assert(ok && "the orders before the pass deadlock");
+      (void)ok;
+      for (RoleSearch& r : roles_) SortStreams(r);
+      Say(fmt::format("round {} {} pass undone: its orders deadlock across roles", round + 1,
+                      pass == 0 ? "odd" : "even"));
+      return Status::Ok();
     }
+    for (RoleSearch& r : roles_) SortStreams(r);
     ScheduledProgram cand{search_program_, Decode(search_program_, roles_, "concerto")};
     cand.schedule.fusion_groups = start_fusion_groups_;
     Result<Measured> m = Measure(cand, cost_, opts_.sim);
@@ -652,6 +795,8 @@ class Search {
         roles_[k].t = saved[k];
         SortStreams(roles_[k]);
       }
+      if (!partner_.empty() && JoinedCompact(roles_, partner_))
+        for (RoleSearch& r : roles_) SortStreams(r);
     }
     Say(fmt::format("round {} {} pass: {} windows so far, pass makespan {:.3f} ms{}, best {:.3f} ms (LB {:.3f} ms)",
                     round + 1, pass == 0 ? "odd" : "even", report_->windows.size(), m->makespan_us / 1e3,
@@ -808,6 +953,9 @@ class Search {
   Program search_program_;  // the program the windows reorder (the incumbent's)
   std::vector<FusionGroup> start_fusion_groups_;
   std::vector<RoleSearch> roles_;
+  /// Per role and op: the op a send or recv meets (PairSendRecv); empty for
+  /// one role, or when the incumbent's orders cannot be joined.
+  std::vector<std::vector<RoleOp>> partner_;
   double tick_us_ = 1;
   int64_t mem_unit_bytes_ = 1;
   int64_t budget_units_ = 0;  // 0: no memory in the windows

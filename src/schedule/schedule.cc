@@ -1,6 +1,7 @@
 #include "concerto/schedule/schedule.h"
 
 #include <algorithm>
+#include <cassert>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -134,7 +135,7 @@ namespace {
 struct RoleView {
   const Role* role;
   const Graph* graph;
-  GraphIndex index;
+  const GraphIndex* index;     // of *graph
   std::vector<int> stream_of;  // per op index: index into graph->streams, or -1
   std::vector<int> position;   // per op index: position on its stream
   std::vector<std::vector<int>> orders;  // per stream: op indices
@@ -161,8 +162,8 @@ void CheckMembership(const RoleSchedule& rs, RoleView& v, std::vector<std::strin
     }
     int s = static_cast<int>(sit - g.streams.begin());
     for (int id : so.op_ids) {
-      auto it = v.index.op.find(id);
-      if (it == v.index.op.end()) {
+      auto it = v.index->op.find(id);
+      if (it == v.index->op.end()) {
         out.push_back(where + ": stream '" + so.stream + "' lists unknown op id " + std::to_string(id));
         continue;
       }
@@ -192,7 +193,7 @@ void CheckOrder(const RoleView& v, const std::string& where, std::vector<std::st
   const int n = static_cast<int>(g.ops.size());
   size_t before = out.size();
   for (int i = 0; i < n; ++i) {
-    for (int p : v.index.preds[i]) {
+    for (int p : v.index->preds[i]) {
       if (v.stream_of[p] == v.stream_of[i] && v.stream_of[i] >= 0 && v.position[p] > v.position[i])
         out.push_back(where + ": " + OpLabel(g.ops[i]) + " runs before its dependency " +
                       OpLabel(g.ops[p]) + " on stream '" + g.streams[v.stream_of[i]] + "'");
@@ -205,7 +206,7 @@ void CheckOrder(const RoleView& v, const std::string& where, std::vector<std::st
   for (const auto& order : v.orders)
     for (size_t k = 0; k + 1 < order.size(); ++k) next[order[k]] = order[k + 1];
   for (int i = 0; i < n; ++i) {
-    indeg[i] += static_cast<int>(v.index.preds[i].size());
+    indeg[i] += static_cast<int>(v.index->preds[i].size());
     if (next[i] >= 0) indeg[next[i]]++;
   }
   std::vector<int> stack;
@@ -216,7 +217,7 @@ void CheckOrder(const RoleView& v, const std::string& where, std::vector<std::st
     int i = stack.back();
     stack.pop_back();
     ++seen;
-    for (int s : v.index.succs[i])
+    for (int s : v.index->succs[i])
       if (--indeg[s] == 0) stack.push_back(s);
     if (next[i] >= 0 && --indeg[next[i]] == 0) stack.push_back(next[i]);
   }
@@ -242,6 +243,18 @@ struct Issued {
 }  // namespace
 
 std::vector<std::string> VerifySchedule(const Program& program, const Schedule& schedule) {
+  std::vector<GraphIndex> indexes(program.graphs.size());
+  std::vector<char> built(program.graphs.size(), 0);
+  for (const Role& role : program.roles) {
+    const int g = program.GraphIndex(role.graph);
+    if (g >= 0 && !built[g]) indexes[g] = GraphIndex::Build(program.graphs[g]), built[g] = 1;
+  }
+  return VerifySchedule(program, schedule, indexes);
+}
+
+std::vector<std::string> VerifySchedule(const Program& program, const Schedule& schedule,
+                                        const std::vector<GraphIndex>& indexes) {
+  assert(indexes.size() == program.graphs.size() && "one index per graph");
   std::vector<std::string> out;
   std::vector<RoleView> views;
   for (const auto& rs : schedule.roles) {
@@ -258,7 +271,7 @@ std::vector<std::string> VerifySchedule(const Program& program, const Schedule& 
     RoleView v;
     v.role = &role;
     v.graph = &program.GraphOf(role);
-    v.index = GraphIndex::Build(*v.graph);
+    v.index = &indexes[v.graph - program.graphs.data()];
     CheckMembership(*rs, v, out);
     CheckOrder(v, "role '" + role.name + "'", out);
     views.push_back(std::move(v));

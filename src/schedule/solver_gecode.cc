@@ -26,22 +26,29 @@ namespace {
 /// (the time limit then is the intended stop).
 constexpr unsigned long kDefaultFailLimit = 50'000'000;
 
-/// Stops the search at the deterministic fail limit or, as a safety net, at
-/// the wall-clock limit; remembers which one fired.
+/// Stops the search at the deterministic fail limits (all failed nodes, and
+/// those before the first answer better than the hint) or, as a safety net,
+/// at the wall-clock limit; remembers which one fired.
 class FailOrTimeStop : public Gecode::Search::Stop {
  public:
-  FailOrTimeStop(unsigned long ms, unsigned long fails) : time_(ms), fails_(fails) {}
-  /// True once either limit is reached.
+  FailOrTimeStop(unsigned long ms, unsigned long fails, unsigned long fails_before_answer)
+      : time_(ms), fails_(fails), fails_before_answer_(fails_before_answer) {}
+  /// True once a limit is reached.
   bool stop(const Gecode::Search::Statistics& s, const Gecode::Search::Options& o) override {
     if (fails_.stop(s, o)) return true;
+    if (!answered_ && s.fail > fails_before_answer_) return true;
     if (time_.stop(s, o)) return time_fired_ = true;
     return false;
   }
+  /// The search found an answer: from now on only the overall limits apply.
+  void Answered() { answered_ = true; }
   bool time_fired() const { return time_fired_; }
 
  private:
   Gecode::Search::TimeStop time_;
   Gecode::Search::FailStop fails_;
+  unsigned long fails_before_answer_;
+  bool answered_ = false;
   bool time_fired_ = false;
 };
 
@@ -49,10 +56,10 @@ class FailOrTimeStop : public Gecode::Search::Stop {
 /// head) so that they fit Gecode's 32-bit domains.
 class WindowSpace : public Gecode::IntMinimizeSpace {
  public:
-  WindowSpace(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset)
+  WindowSpace(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset, bool edge_finding)
       : start_(*this, static_cast<int>(problem.tasks.size())) {
     PostStarts(problem, prep, offset);
-    PostResources(problem);
+    PostResources(problem, edge_finding);
     PostPrecedences(problem);
     PostMemory(problem, prep, offset);
     PostMakespan(problem, prep, offset);
@@ -80,8 +87,12 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
       start_[i] = Gecode::IntVar(*this, static_cast<int>(prep.earliest_start[i] - offset),
                                  static_cast<int>(prep.latest_start[i] - offset));
   }
-  /// One unary constraint per resource over its tasks of positive duration.
-  void PostResources(const WindowProblem& problem) {
+  /// One unary constraint per resource over its tasks of positive duration,
+  /// at Gecode's default (advanced) level (overload checking, detectable precedences,
+  /// not-first/not-last, edge finding: four O(n log n) passes over every
+  /// task of the stream, blockers included, at each propagation) or, without
+  /// `edge_finding`, its basic level (overload checking, time-tabling).
+  void PostResources(const WindowProblem& problem, bool edge_finding) {
     std::vector<Gecode::IntVarArgs> starts(problem.num_resources);
     std::vector<Gecode::IntArgs> durations(problem.num_resources);
     for (size_t i = 0; i < problem.tasks.size(); ++i) {
@@ -91,7 +102,8 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
       durations[t.resource] << static_cast<int>(t.duration);
     }
     for (int r = 0; r < problem.num_resources; ++r)
-      if (starts[r].size() > 1) Gecode::unary(*this, starts[r], durations[r]);
+      if (starts[r].size() > 1)
+        Gecode::unary(*this, starts[r], durations[r], edge_finding ? Gecode::IPL_DEF : Gecode::IPL_BASIC);
   }
   /// start[after] >= start[before] + duration[before].
   void PostPrecedences(const WindowProblem& problem) {
@@ -185,16 +197,23 @@ Status CheckRange(const WindowProblem& problem, const WindowPreparation& prep, i
 WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset,
                            const SolverOptions& options) {
   WindowSearchOutcome outcome;
-  auto root = std::make_unique<WindowSpace>(problem, prep, offset);
+  auto root = std::make_unique<WindowSpace>(problem, prep, offset, options.edge_finding);
   const double ms = std::max(1.0, options.time_limit_s * 1e3);
   const unsigned long fails = options.fail_limit > 0 ? static_cast<unsigned long>(options.fail_limit) : kDefaultFailLimit;
-  FailOrTimeStop stop(static_cast<unsigned long>(std::min(ms, 1e12)), fails);
+  // The limit before a first answer applies only under a work limit and
+  // with a hint to fall back on.
+  const bool early_out = options.fail_limit > 0 && options.fails_before_answer > 0 && !prep.hint.empty();
+  const unsigned long before_answer = early_out ? static_cast<unsigned long>(options.fails_before_answer) : fails;
+  FailOrTimeStop stop(static_cast<unsigned long>(std::min(ms, 1e12)), fails, before_answer);
   Gecode::Search::Options o;
   o.threads = 1;
   o.stop = &stop;
   Gecode::BAB<WindowSpace> engine(root.get(), o);
   std::unique_ptr<WindowSpace> best;
-  while (WindowSpace* s = engine.next()) best.reset(s);
+  while (WindowSpace* s = engine.next()) {
+    best.reset(s);
+    stop.Answered();
+  }
   outcome.exhausted = !engine.stopped();
   outcome.hit_time_limit = engine.stopped() && stop.time_fired();
   outcome.nodes = static_cast<int64_t>(engine.statistics().node);

@@ -16,16 +16,6 @@
 namespace concerto {
 namespace {
 
-/// Every role's representative graph as one node list (no edges between
-/// graphs), and the sends and recvs between representatives by
-/// (source, destination, tag).
-struct JoinedGraph {
-  std::vector<double> dur;
-  std::vector<std::string> stream;  // "role/stream" per node
-  std::vector<std::vector<int>> preds, succs;
-  std::vector<std::pair<std::vector<int>, std::vector<int>>> keys;  // (sends, recvs)
-};
-
 JoinedGraph Build(const Program& program, const CostModel& cost, bool control_deps) {
   JoinedGraph j;
   std::map<int, int> rep_role;  // representative rank -> role
@@ -46,6 +36,8 @@ JoinedGraph Build(const Program& program, const CostModel& cost, bool control_de
       const int node = base + static_cast<int>(i);
       j.dur.push_back(cost.Price(op, ctx).duration_us);
       j.stream.push_back(role.name + "/" + op.stream);
+      j.role.push_back(r);
+      j.comm.push_back(op.IsComm() ? 1 : 0);
       j.preds.emplace_back();
       for (int p : index.preds[i]) j.preds.back().push_back(base + p);
       if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) continue;
@@ -131,30 +123,94 @@ double FillDrain(std::vector<int> ops, const JoinedGraph& j, const std::vector<d
 
 }  // namespace
 
-LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps) {
+JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps) {
+  return Build(program, cost, control_deps);
+}
+
+std::vector<int> SendRecvPartners(const JoinedGraph& j) { return Partners(j); }
+
+double LowerBound::PlainUs() const { return std::max({critical_path_us, stream_load_us, fill_drain_us}); }
+
+std::string LowerBound::BindingTerm() const {
+  if (std::max(propagation_us, interference_us) > PlainUs())
+    return propagation_us >= interference_us ? "propagation" : "interference";
+  if (fill_drain_us > std::max(critical_path_us, stream_load_us)) return "fill+drain";
+  return stream_load_us > critical_path_us ? "stream load" : "critical path";
+}
+
+LowerBound BoundOfJoinedGraph(const JoinedGraph& j, int roles, std::vector<double>* head, std::vector<double>* tail) {
   LowerBound lb;
-  JoinedGraph j = Build(program, cost, control_deps);
   std::vector<int> topo = KahnOrder(j.preds, j.succs);
   assert(topo.size() == j.dur.size() && "a role's graph has a cycle");
   for (const auto& k : j.keys) lb.send_recv_pairs_joined += static_cast<int>(std::min(k.first.size(), k.second.size()));
-  std::vector<double> head, tail;
   // Each round carries heads (and tails) at least one stage further.
-  HeadsAndTails(j, topo, 4 * static_cast<int>(program.roles.size()) + 8, &head, &tail);
+  HeadsAndTails(j, topo, 4 * roles + 8, head, tail);
   std::map<std::string, std::vector<int>> on;
   std::map<std::string, double> load;
   for (size_t i = 0; i < j.dur.size(); ++i) {
-    lb.critical_path_us = std::max(lb.critical_path_us, head[i] + j.dur[i] + tail[i]);
+    lb.critical_path_us = std::max(lb.critical_path_us, (*head)[i] + j.dur[i] + (*tail)[i]);
     load[j.stream[i]] += j.dur[i];
     if (j.dur[i] > 0) on[j.stream[i]].push_back(static_cast<int>(i));
   }
   for (const auto& [stream, us] : load)
     if (us > lb.stream_load_us) lb.stream_load_us = us, lb.busiest_stream = stream.substr(stream.find('/') + 1);
   for (const auto& [stream, ops] : on) {
-    const double b = FillDrain(ops, j, head, tail);
+    const double b = FillDrain(ops, j, *head, *tail);
     if (b > lb.fill_drain_us) lb.fill_drain_us = b, lb.fill_drain_stream = stream;
   }
   lb.lower_bound_us = std::max({lb.critical_path_us, lb.stream_load_us, lb.fill_drain_us});
   return lb;
+}
+
+/// The interference bound of one role's ops (`ops`, nodes of `j`), see
+/// InterferenceBoundUs: for every threshold h (a head, high to low) and
+/// compute stream s, with C = s's compute work of head >= h, A = the largest
+/// comm work of one stream of head >= h and q = the smallest tail among
+/// those compute ops: h + C + (f A + q) / (1 + f).
+double RoleInterferenceBound(const JoinedGraph& j, const std::vector<int>& ops, const std::vector<double>& head,
+                             const std::vector<double>& tail, double f) {
+  std::vector<int> order = ops;
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return head[a] > head[b]; });
+  std::map<std::string, double> comm_us;                       // per stream, head >= h
+  std::map<std::string, std::pair<double, double>> compute;  // per stream: (work, smallest tail)
+  double best = 0, busiest_comm_us = 0;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const int i = order[k];
+    if (j.comm[i]) {
+      busiest_comm_us = std::max(busiest_comm_us, comm_us[j.stream[i]] += j.dur[i]);
+    } else if (j.dur[i] > 0) {
+      auto [it, added] = compute.emplace(j.stream[i], std::make_pair(0.0, tail[i]));
+      it->second.first += j.dur[i];
+      it->second.second = std::min(it->second.second, tail[i]);
+    }
+    if (k + 1 < order.size() && head[order[k + 1]] == head[i]) continue;  // the threshold takes all ops at h
+    for (const auto& [stream, c] : compute)
+      best = std::max(best, head[i] + c.first + (f * busiest_comm_us + c.second) / (1 + f));
+  }
+  return best;
+}
+
+double InterferenceBoundUs(const Program& program, const CostModel& cost, double interference, std::string* role) {
+  if (!(interference > 0)) return 0;
+  const JoinedGraph j = Build(program, cost, /*control_deps=*/false);
+  std::vector<double> head, tail;
+  BoundOfJoinedGraph(j, static_cast<int>(program.roles.size()), &head, &tail);
+  std::map<int, std::vector<int>> by_role;
+  for (size_t i = 0; i < j.dur.size(); ++i) by_role[j.role[i]].push_back(static_cast<int>(i));
+  double best = 0;
+  for (const auto& [r, ops] : by_role) {
+    const double b = RoleInterferenceBound(j, ops, head, tail, interference);
+    if (b > best) {
+      best = b;
+      if (role) *role = program.roles[r].name;
+    }
+  }
+  return best;
+}
+
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps) {
+  std::vector<double> head, tail;
+  return BoundOfJoinedGraph(Build(program, cost, control_deps), static_cast<int>(program.roles.size()), &head, &tail);
 }
 
 }  // namespace concerto

@@ -185,10 +185,10 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
     return 0;
   }
   std::cout << fmt::format(
-      "scheduler {} on {}: iteration {:.3f} ms, lower bound {:.3f} ms (T/LB {:.3f})\n"
+      "scheduler {} on {}: iteration {:.3f} ms, lower bound {:.3f} ms ({}; T/LB {:.3f})\n"
       "rank {}: compute busy {:.3f} ms, comm busy {:.3f} ms, exposed comm {:.3f} ms, overlap {:.1f}%\n"
       "{} ranks simulated{}; ops priced: {} explicit, {} profile, {} analytic\n",
-      s.scheduler, (*cost)->cluster().name, s.makespan_us / 1e3, s.bound.lower_bound_us / 1e3,
+      s.scheduler, (*cost)->cluster().name, s.makespan_us / 1e3, s.bound.lower_bound_us / 1e3, s.bound.BindingTerm(),
       s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0, s.report_rank,
       s.compute_busy_us / 1e3, s.comm_busy_us / 1e3, s.exposed_comm_us / 1e3, 100 * s.overlap_ratio,
       s.ranks_simulated, s.representative ? " (one per role, exact)" : "", s.costs.explicit_ops,
@@ -240,8 +240,9 @@ int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
     std::cout << j.dump(2) << "\n";
     return 0;
   }
-  std::cout << fmt::format("{} on {}: iteration {:.3f} ms, lower bound {:.3f} ms (T/LB {:.3f})\n", s.scheduler,
+  std::cout << fmt::format("{} on {}: iteration {:.3f} ms, lower bound {:.3f} ms ({}; T/LB {:.3f})\n", s.scheduler,
                            (*cost)->cluster().name, s.makespan_us / 1e3, s.bound.lower_bound_us / 1e3,
+                           s.bound.BindingTerm(),
                            s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0);
   if (run->concerto) {
     const ConcertoReport& r = *run->concerto;

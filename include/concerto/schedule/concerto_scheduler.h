@@ -39,6 +39,10 @@ struct ConcertoOptions {
   /// speculate.
   int threads = 2;
   bool fuse = true;                  // the fusion pass after decoding
+  /// Consider the critical-path list schedule over the joined graph of all
+  /// roles (CriticalPathListSchedule) as a starting point besides the
+  /// stripped baselines (docs/concerto.md, step 1).
+  bool list_schedule = true;
   int64_t memory_budget_bytes = 0;   // peak memory per rank to stay under; 0: none
   SimOptions sim;                    // how candidates are simulated
   BaselineOptions baselines;         // for the incumbent

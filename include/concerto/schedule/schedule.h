@@ -12,6 +12,8 @@
 
 namespace concerto {
 
+struct GraphIndex;
+
 struct StreamOrder {
   std::string stream;
   std::vector<int> op_ids;
@@ -58,5 +60,9 @@ Result<Schedule> ReadScheduleFile(const std::string& path);
 /// collectives on one group issued in different orders by different ranks,
 /// or sends and recvs whose orders do not pair (a real run would hang).
 std::vector<std::string> VerifySchedule(const Program& program, const Schedule& schedule);
+/// The same with each graph's index given (indexes[g] of program.graphs[g],
+/// as Simulate takes them), for callers that build them anyway.
+std::vector<std::string> VerifySchedule(const Program& program, const Schedule& schedule,
+                                        const std::vector<GraphIndex>& indexes);
 
 }  // namespace concerto

@@ -2,19 +2,40 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "concerto/cost/cost_model.h"
 
 namespace concerto {
 
+/// Every role's representative graph (its lowest rank) as one node list,
+/// nominal durations from the cost model, and the sends and recvs between
+/// representatives by (source, destination, tag): the relaxation both lower
+/// bounds (this one and schedule/propagation_bound.h) reason about.
+struct JoinedGraph {
+  std::vector<double> dur;           // nominal duration, us
+  std::vector<std::string> stream;   // "role/stream" per node
+  std::vector<int> role;             // index into Program::roles per node
+  std::vector<char> comm;            // 1 for communication ops (Op::IsComm)
+  std::vector<std::vector<int>> preds, succs;
+  std::vector<std::pair<std::vector<int>, std::vector<int>>> keys;  // (sends, recvs) in program order
+};
+/// The joined graph; with `control_deps` false only data edges count.
+JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps);
+/// Per node, the op a send or recv meets (the k-th send of a key with the
+/// k-th recv of the key, fixed by the machine model), or -1.
+std::vector<int> SendRecvPartners(const JoinedGraph& j);
+
 /// LB = max(critical path, busiest stream's total work, fill + work + drain
 /// of one stream), from undelayed op durations on each role's lowest rank.
 /// The graphs of all roles are joined where sends on one representative meet
-/// recvs on another (a rendezvous: both start together; which send meets
-/// which recv depends on the schedule, so only the earliest candidate
-/// counts), so pipeline fill and drain count. With `control_deps` false only data edges count:
-/// a relaxation, so still a bound, that ignores the ordering edges a
-/// scheduler added.
+/// recvs on another (a rendezvous: both start together; the k-th send of a
+/// key meets its k-th recv), so pipeline fill and drain count. With
+/// `control_deps` false only data edges count: a relaxation, so still a
+/// bound, that ignores the ordering edges a scheduler added. This is the
+/// *plain* bound; the driver raises `lower_bound_us` with the propagation
+/// and interference bounds.
 struct LowerBound {
   /// Longest chain of durations through the joined graphs.
   double critical_path_us = 0;
@@ -27,8 +48,41 @@ struct LowerBound {
   double fill_drain_us = 0;
   std::string fill_drain_stream;
   int send_recv_pairs_joined = 0;  // send/recv pairs between representatives
+  /// The destructive (constraint propagation) bound when one was computed
+  /// (schedule/propagation_bound.h; the driver fills it in), else 0.
+  double propagation_us = 0;
+  /// The interference bound when one was computed (InterferenceBoundUs;
+  /// the driver fills it in with the simulation's interference), else 0.
+  double interference_us = 0;
+  /// max(critical path, stream load, fill + work + drain, propagation,
+  /// interference).
   double lower_bound_us = 0;
+  /// max of the three terms ComputeLowerBound computes (the plain bound).
+  double PlainUs() const;
+  /// The term that binds: "propagation", "interference", "fill+drain",
+  /// "stream load" or "critical path".
+  std::string BindingTerm() const;
 };
 LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps = true);
+/// The same bound of an already joined graph of `roles` roles; also hands
+/// back the heads (earliest starts, us) and tails (work that must follow an
+/// op's nominal end, us) it used: valid for every schedule.
+LowerBound BoundOfJoinedGraph(const JoinedGraph& j, int roles, std::vector<double>* head, std::vector<double>* tail);
+
+/// With interference f (compute runs at 1/(1+f) of its speed while any
+/// communication op is in flight on its rank), on every role's
+/// representative, compute stream s and threshold h (an earliest start):
+///   makespan >= h + C + (f A + q) / (1 + f)
+/// where C is s's nominal compute work that cannot start before h, A the
+/// largest comm work of one stream that cannot start before h (its ops run
+/// one at a time inside [h, makespan], so comm is in flight at least A
+/// there), and q the smallest tail of those compute ops. Proof: let e be
+/// when the last of them ends; in [h, e] the stream gets through at most
+/// 1/(1+f) of a unit of work per unit of time while comm is in flight, so
+/// e - h >= C + f/(1+f) (A - (makespan - e)), and makespan - e >= q. With
+/// f = 0 this is the plain fill + work + drain. The largest, us; `role`
+/// names the role (when not null). 0 when f <= 0.
+double InterferenceBoundUs(const Program& program, const CostModel& cost, double interference,
+                           std::string* role = nullptr);
 
 }  // namespace concerto
