@@ -4,6 +4,7 @@
 #include <cassert>
 #include <fmt/format.h>
 
+#include "concerto/ir/graph_index.h"
 #include "concerto/schedule/propagation_bound.h"
 #include "concerto/schedule/scheduler.h"
 
@@ -22,6 +23,7 @@ ConcertoOptions ToConcertoOptions(const Options& options) {
   c.solver = options.solver;
   c.block_ops = static_cast<int>(options.Get("block"));
   c.rounds = static_cast<int>(options.Get("rounds"));
+  c.stall_rounds = static_cast<int>(options.Get("stall-rounds"));
   c.window_fail_limit = static_cast<int64_t>(options.Get("window-fail-limit"));
   c.window_time_limit_s = options.Get("window-time-limit");
   c.time_budget_s = options.Get("time-budget");
@@ -54,6 +56,7 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
                       {"search_seconds", r.seconds},
                       {"reached_lower_bound", r.reached_lower_bound},
                       {"hit_time_budget", r.hit_time_budget},
+                      {"stopped_on_stall", r.stopped_on_stall},
                       {"memory_budget_bytes", r.memory_budget_bytes},
                       {"peak_memory_bytes", r.peak_memory_bytes},
                       {"makespan_after_round_us", r.makespan_after_round_us}};
@@ -139,14 +142,19 @@ Status AddStrongerBounds(const Program& program, const CostModel& cost, const Si
 
 /// Verifies, simulates and summarizes a scheduled program.
 Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Options& options) {
-  std::vector<std::string> violations = VerifySchedule(sp.program, sp.schedule);
+  // One index per graph, shared by the verifier and the simulation (at 100k
+  // ops one GraphIndex::Build costs about a second).
+  std::vector<GraphIndex> indexes;
+  indexes.reserve(sp.program.graphs.size());
+  for (const Graph& g : sp.program.graphs) indexes.push_back(GraphIndex::Build(g));
+  std::vector<std::string> violations = VerifySchedule(sp.program, sp.schedule, indexes);
   if (!violations.empty()) {
     std::string msg = "schedule '" + sp.schedule.scheduler + "' fails verification (" +
                       std::to_string(violations.size()) + " violations):";
     for (size_t i = 0; i < violations.size() && i < 10; ++i) msg += "\n  " + violations[i];
     return Status::Error(msg);
   }
-  Result<Timeline> timeline = Simulate(sp, cost, ToSimOptions(options));
+  Result<Timeline> timeline = Simulate(sp, cost, ToSimOptions(options), indexes);
   if (!timeline.ok()) return timeline.status();
   RunResult run{std::move(sp), std::move(timeline).value(), {}, std::nullopt, std::nullopt};
   run.summary = Summarize(run.scheduled, run.timeline, cost);

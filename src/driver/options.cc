@@ -18,6 +18,8 @@ const std::vector<OptionSpec>& OptionTable() {
       {"zero-prefetch-bucket", "elements", 5e7, 1, 1e13, "ZeRO: all-gather prefetch bucket size"},
       {"block", "ops", 125, 2, 1e6, "concerto: ops per block; each window solves two adjacent blocks"},
       {"rounds", "rounds", 4, 0, 1000, "concerto: odd-even rounds (each an odd and an even pass)"},
+      {"stall-rounds", "rounds", 1, 0, 1000,
+       "concerto: stop after this many rounds in a row that do not improve the best schedule (0: never)"},
       {"window-fail-limit", "fails", 50, 1, 1e9,
        "concerto: failed search nodes per window solve (deterministic; CBC: branch-and-bound nodes)"},
       {"window-time-limit", "s", 10, 0.01, 3600,

@@ -11,8 +11,18 @@ GraphIndex GraphIndex::Build(const Graph& graph) {
   // Sized up front: no rehashing, and each op's inputs are looked up once.
   idx.tensor.reserve(graph.tensors.size());
   idx.op.reserve(graph.ops.size());
-  for (size_t t = 0; t < graph.tensors.size(); ++t)
-    idx.tensor.emplace(graph.tensors[t].name, static_cast<int>(t));
+  size_t chars = 0;
+  for (const Tensor& t : graph.tensors) chars += t.name.size();
+  auto names = std::make_shared<std::string>();
+  names->reserve(chars);  // never reallocates below, so the views stay put
+  for (const Tensor& t : graph.tensors) names->append(t.name);
+  size_t at = 0;
+  for (size_t t = 0; t < graph.tensors.size(); ++t) {
+    const size_t len = graph.tensors[t].name.size();
+    idx.tensor.emplace(std::string_view(names->data() + at, len), static_cast<int>(t));
+    at += len;
+  }
+  idx.names = std::move(names);
   for (int i = 0; i < n_ops; ++i) idx.op.emplace(graph.ops[i].id, i);
   idx.producer.assign(graph.tensors.size(), -1);
   idx.consumers.assign(graph.tensors.size(), {});

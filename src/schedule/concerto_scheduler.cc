@@ -46,15 +46,28 @@ struct Measured {
   int64_t peak_bytes = 0;
 };
 
-Result<Measured> Measure(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& sim) {
-  std::vector<GraphIndex> indexes;  // built once for the verifier, the simulation and the memory sweep
-  indexes.reserve(sp.program.graphs.size());
-  for (const Graph& g : sp.program.graphs) indexes.push_back(GraphIndex::Build(g));
+/// Verifies and simulates `sp` with `indexes` (one per graph of sp.program),
+/// shared by the verifier, the simulation and the memory sweep.
+Result<Measured> Measure(const ScheduledProgram& sp, const std::vector<GraphIndex>& indexes, const CostModel& cost,
+                         const SimOptions& sim) {
   std::vector<std::string> v = VerifySchedule(sp.program, sp.schedule, indexes);
   if (!v.empty()) return Status::Error("schedule fails verification: " + v[0]);
   Result<Timeline> t = Simulate(sp, cost, sim, indexes);
   if (!t.ok()) return t.status();
   return Measured{t->makespan_us, PeakMemory(sp.program, *t, indexes).peak_bytes};
+}
+
+/// Indexes every graph of `program` (in graph order).
+std::vector<GraphIndex> IndexGraphs(const Program& program) {
+  std::vector<GraphIndex> indexes;
+  indexes.reserve(program.graphs.size());
+  for (const Graph& g : program.graphs) indexes.push_back(GraphIndex::Build(g));
+  return indexes;
+}
+
+/// Measure, indexing sp's graphs first.
+Result<Measured> Measure(const ScheduledProgram& sp, const CostModel& cost, const SimOptions& sim) {
+  return Measure(sp, IndexGraphs(sp.program), cost, sim);
 }
 
 /// Drops the control edges a baseline added (synchronous collectives,
@@ -159,46 +172,64 @@ struct RoleSearch {
   int role = 0;
   int rank = 0;
   const Graph* graph = nullptr;
-  GraphIndex index;
+  const GraphIndex* index = nullptr;  // of *graph, owned by the search (shared with Measure)
   std::vector<int64_t> dur;       // nominal duration, ticks
   std::vector<int> stream;        // per op: stream index
   std::vector<int64_t> t;         // start tick per op (feasible)
   std::vector<int> topo;          // per op: position in a topological order
   std::vector<std::vector<int>> order;  // per stream: op indices sorted by (t, topo)
+  std::vector<int> pos;                 // per op: its position in order[stream], kept with order
+  /// Per op: its task in the window being built, else -1 (BuildWindow's
+  /// scratch, all -1 between windows, so a window costs its size, not n).
+  mutable std::vector<int> task_of;
   std::vector<int64_t> tensor_units;    // per tensor: size in memory units (budget only)
   /// Per op: the start tick of the op a send or recv meets in the joined
   /// timeline (JoinedCompact), or -1; empty for a program of one role.
   std::vector<int64_t> meet;
 };
 
+/// Sets r.pos for the ops of stream `s` from r.order[s].
+void RenumberStream(RoleSearch& r, size_t s) {
+  const auto& o = r.order[s];
+  for (size_t k = 0; k < o.size(); ++k) r.pos[o[k]] = static_cast<int>(k);
+}
+
 /// Sorts each stream's ops by (start tick, topological position).
 void SortStreams(RoleSearch& r) {
   r.order.assign(r.graph->streams.size(), {});
+  r.pos.assign(r.graph->ops.size(), -1);
   for (size_t i = 0; i < r.graph->ops.size(); ++i) r.order[r.stream[i]].push_back(static_cast<int>(i));
   for (auto& o : r.order)
     std::sort(o.begin(), o.end(), [&](int a, int b) { return std::tie(r.t[a], r.topo[a]) < std::tie(r.t[b], r.topo[b]); });
+  for (size_t s = 0; s < r.order.size(); ++s) RenumberStream(r, s);
 }
 
 /// SortStreams after only the ops in `changed` got new start ticks, in time
-/// linear in the streams they sit on: the other ops keep their relative
-/// order, so each such stream is the merge of its unchanged ops and its
+/// linear in the part of each stream that moves: the other ops keep their
+/// relative order, so the ops before the first changed one whose key is
+/// below every new key (and those after the last one, above) stay where they
+/// are, and the span between is the merge of its unchanged ops and the
 /// changed ops sorted by the same key (the same order SortStreams gives).
 void ResortChanged(RoleSearch& r, const std::vector<int>& changed) {
   auto before = [&](int a, int b) { return std::tie(r.t[a], r.topo[a]) < std::tie(r.t[b], r.topo[b]); };
   std::vector<std::vector<int>> moved(r.order.size());
-  std::vector<char> is_moved(r.t.size(), 0);
-  for (int i : changed) {
-    moved[r.stream[i]].push_back(i);
-    is_moved[i] = 1;
-  }
+  for (int i : changed) moved[r.stream[i]].push_back(i);
   for (size_t s = 0; s < r.order.size(); ++s) {
     if (moved[s].empty()) continue;
+    auto& o = r.order[s];
     std::sort(moved[s].begin(), moved[s].end(), before);
+    int lo = static_cast<int>(o.size()), hi = -1;  // old positions of the changed ops
+    for (int i : moved[s]) lo = std::min(lo, r.pos[i]), hi = std::max(hi, r.pos[i]);
+    // Outside [lo, hi] every op is unchanged, so sorted: search there.
+    const int a = static_cast<int>(std::lower_bound(o.begin(), o.begin() + lo, moved[s].front(), before) - o.begin());
+    const int b = static_cast<int>(std::upper_bound(o.begin() + hi + 1, o.end(), moved[s].back(), before) - o.begin());
+    for (int i : moved[s]) r.pos[i] = -1;  // marks the changed ops
     std::vector<int> kept;
-    kept.reserve(r.order[s].size());
-    for (int i : r.order[s])
-      if (!is_moved[i]) kept.push_back(i);
-    std::merge(kept.begin(), kept.end(), moved[s].begin(), moved[s].end(), r.order[s].begin(), before);
+    kept.reserve(b - a);
+    for (int k = a; k < b; ++k)
+      if (r.pos[o[k]] >= 0) kept.push_back(o[k]);
+    std::merge(kept.begin(), kept.end(), moved[s].begin(), moved[s].end(), o.begin() + a, before);
+    for (int k = a; k < b; ++k) r.pos[o[k]] = k;
   }
 }
 
@@ -209,7 +240,7 @@ void Compact(RoleSearch& r) {
   for (const auto& o : r.order)
     for (size_t k = 0; k + 1 < o.size(); ++k) next[o[k]] = o[k + 1];
   for (int i = 0; i < n; ++i) {
-    indeg[i] += static_cast<int>(r.index.preds[i].size());
+    indeg[i] += static_cast<int>(r.index->preds[i].size());
     if (next[i] >= 0) indeg[next[i]]++;
   }
   std::vector<int> stack;
@@ -225,7 +256,7 @@ void Compact(RoleSearch& r) {
       t[s] = std::max(t[s], t[i] + r.dur[i]);
       if (--indeg[s] == 0) stack.push_back(s);
     };
-    for (int s : r.index.succs[i]) relax(s);
+    for (int s : r.index->succs[i]) relax(s);
     if (next[i] >= 0) relax(next[i]);
   }
   assert(done == n && "stream orders form a cycle");
@@ -257,7 +288,7 @@ bool JoinedCompact(std::vector<RoleSearch>& roles, const std::vector<std::vector
   std::vector<int> indeg(n, 0);
   auto for_each_succ = [&](int v, auto&& fn) {
     const int k = role_of(v);
-    for (int s : roles[k].index.succs[v - base[k]]) fn(base[k] + s);
+    for (int s : roles[k].index->succs[v - base[k]]) fn(base[k] + s);
     if (next[v] >= 0) fn(next[v]);
   };
   for (int v = 0; v < n; ++v) for_each_succ(v, [&](int s) { indeg[unit(s)]++; });
@@ -342,8 +373,8 @@ void AddMemory(const RoleSearch& r, const std::vector<int>& task_of, int64_t bud
   std::vector<std::pair<int64_t, int64_t>> fixed;  // (time, delta)
   for (size_t ti = 0; ti < r.tensor_units.size(); ++ti) {
     if (r.tensor_units[ti] == 0) continue;
-    const int prod = r.index.producer[ti];
-    const auto& cons = r.index.consumers[ti];
+    const int prod = r.index->producer[ti];
+    const auto& cons = r.index->consumers[ti];
     bool variable = prod >= 0 && task_of[prod] >= 0;
     for (int c : cons) variable = variable || task_of[c] >= 0;
     const int64_t alloc = prod >= 0 ? r.t[prod] : 0;
@@ -392,8 +423,8 @@ void AddMemory(const RoleSearch& r, const std::vector<int>& task_of, int64_t bud
 /// outside ops on the same stream between window ops become fixed blockers.
 Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t horizon, bool fix_comm_order,
                    int64_t budget_units) {
-  const int n = static_cast<int>(r.graph->ops.size());
-  std::vector<int> task_of(n, -1);
+  std::vector<int>& task_of = r.task_of;
+  if (task_of.size() != r.graph->ops.size()) task_of.assign(r.graph->ops.size(), -1);
   Window w;
   for (int i : members) {
     task_of[i] = static_cast<int>(w.ops.size());
@@ -401,17 +432,17 @@ Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t
   }
   w.free_tasks = static_cast<int>(w.ops.size());
   std::vector<int64_t> release(w.ops.size(), 0), deadline(w.ops.size(), horizon);
-  std::vector<int> pos(n, -1);
-  for (const auto& o : r.order)
-    for (size_t k = 0; k < o.size(); ++k) pos[o[k]] = static_cast<int>(k);
+  const std::vector<int>& pos = r.pos;
+  // Per stream: the first and last position of a member (-1: none).
+  std::vector<std::pair<int, int>> span(r.order.size(), {-1, -1});
+  for (int i : members) {
+    auto& [lo, hi] = span[r.stream[i]];
+    lo = lo < 0 ? pos[i] : std::min(lo, pos[i]);
+    hi = std::max(hi, pos[i]);
+  }
   for (size_t s = 0; s < r.order.size(); ++s) {
     const auto& o = r.order[s];
-    int lo = -1, hi = -1;
-    for (int i : members)
-      if (r.stream[i] == static_cast<int>(s)) {
-        lo = lo < 0 ? pos[i] : std::min(lo, pos[i]);
-        hi = std::max(hi, pos[i]);
-      }
+    const auto [lo, hi] = span[s];
     if (lo < 0) continue;
     for (int k = lo; k <= hi; ++k)
       if (task_of[o[k]] < 0) {  // a blocker, fixed where it is
@@ -438,9 +469,9 @@ Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t
   }
   for (int tk = 0; tk < w.free_tasks; ++tk) {
     int i = w.ops[tk];
-    for (int p : r.index.preds[i])
+    for (int p : r.index->preds[i])
       if (task_of[p] < 0) release[tk] = std::max(release[tk], r.t[p] + r.dur[p]);
-    for (int s : r.index.succs[i])
+    for (int s : r.index->succs[i])
       if (task_of[s] < 0) deadline[tk] = std::min(deadline[tk], r.t[s]);
     // A send or recv cannot start before the op it meets in another role
     // (the joined timeline): its data is not there earlier.
@@ -452,7 +483,7 @@ Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t
     int i = w.ops[tk];
     pb.tasks.push_back({r.dur[i], r.stream[i], release[tk], deadline[tk], r.graph->ops[i].IsComm()});
     pb.hint.push_back(r.t[i]);
-    for (int p : r.index.preds[i])
+    for (int p : r.index->preds[i])
       if (task_of[p] >= 0) pb.precedences.push_back({task_of[p], static_cast<int>(tk)});
   }
   if (fix_comm_order) {
@@ -467,6 +498,7 @@ Window BuildWindow(const RoleSearch& r, const std::vector<int>& members, int64_t
     }
   }
   if (budget_units > 0) AddMemory(r, task_of, budget_units, w);
+  for (int i : w.ops) task_of[i] = -1;  // the scratch is all -1 again
   return w;
 }
 
@@ -486,11 +518,20 @@ class Search {
     CONCERTO_RETURN_IF_ERROR(PickIncumbent());
     report_->lower_bound_us = LowerBoundUs(best_.sp.program);
     CONCERTO_RETURN_IF_ERROR(InitRoles());
+    int stalled = 0;
     for (int round = 0; round < opts_.rounds && !Done(); ++round) {
+      const double before_us = best_.makespan_us;
       for (int pass = 0; pass < 2 && !Done(); ++pass) CONCERTO_RETURN_IF_ERROR(RunPass(round, pass));
       report_->rounds_run = round + 1;
       report_->makespan_after_round_us.push_back(best_.makespan_us);
+      stalled = best_.makespan_us < before_us ? 0 : stalled + 1;
+      if (opts_.stall_rounds > 0 && stalled >= opts_.stall_rounds && round + 1 < opts_.rounds) {
+        report_->stopped_on_stall = true;
+        Say(fmt::format("stopping: {} round(s) without a gain (--stall-rounds)", stalled));
+        break;
+      }
     }
+    TakeBackBest();
     if (opts_.fuse && program_.roles.size() == 1) CONCERTO_RETURN_IF_ERROR(Fuse());
     const bool fell_back = fallback_.makespan_us < best_.makespan_us;
     if (fell_back) best_ = std::move(fallback_);
@@ -641,7 +682,12 @@ class Search {
   }
 
   Status InitRoles() {
-    Result<Timeline> tl = Simulate(best_.sp, cost_, opts_.sim);
+    // The search's program is the incumbent's, moved (not copied) into
+    // search_program_: moving keeps each Graph where it is, so the indexes
+    // built here stay valid and the roles can point into it. best_ borrows
+    // it back (best_in_search_) until TakeBackBest.
+    search_indexes_ = IndexGraphs(best_.sp.program);
+    Result<Timeline> tl = Simulate(best_.sp, cost_, opts_.sim, search_indexes_);
     if (!tl.ok()) return tl.status();
     tick_us_ = std::max(1e-3, tl->makespan_us / 2e6);
     // Memory units: about 2^24 of them make up the budget (Gecode's usages
@@ -649,7 +695,8 @@ class Search {
     // under-count.
     mem_unit_bytes_ = std::max<int64_t>(1, (opts_.memory_budget_bytes + (1 << 24) - 1) >> 24);
     budget_units_ = opts_.memory_budget_bytes > 0 ? opts_.memory_budget_bytes / mem_unit_bytes_ : 0;
-    search_program_ = best_.sp.program;  // roles point into this stable copy
+    search_program_ = std::move(best_.sp.program);  // roles point into it
+    best_in_search_ = true;
     start_fusion_groups_ = best_.sp.schedule.fusion_groups;
     const Program& p = search_program_;
     roles_.clear();
@@ -658,9 +705,9 @@ class Search {
       r.role = static_cast<int>(ri);
       r.rank = *std::min_element(p.roles[ri].ranks.begin(), p.roles[ri].ranks.end());
       r.graph = &p.GraphOf(p.roles[ri]);
-      r.index = GraphIndex::Build(*r.graph);
+      r.index = &search_indexes_[p.GraphIndex(p.roles[ri].graph)];
       const int n = static_cast<int>(r.graph->ops.size());
-      PriceContext ctx{*r.graph, r.index, p.mesh, r.rank};
+      PriceContext ctx{*r.graph, *r.index, p.mesh, r.rank};
       for (const Op& op : r.graph->ops)
         r.dur.push_back(static_cast<int64_t>(std::llround(cost_.Price(op, ctx).duration_us / tick_us_)));
       r.stream.assign(n, 0);
@@ -669,7 +716,7 @@ class Search {
         r.stream[i] = static_cast<int>(std::find(st.begin(), st.end(), r.graph->ops[i].stream) - st.begin());
       }
       r.topo.assign(n, 0);
-      std::vector<int> topo = TopologicalOrder(*r.graph, r.index);
+      std::vector<int> topo = TopologicalOrder(*r.graph, *r.index);
       for (size_t k = 0; k < topo.size(); ++k) r.topo[topo[k]] = static_cast<int>(k);
       // Start from the incumbent's orders, compacted to nominal durations.
       const RoleSchedule* rs = best_.sp.schedule.ForRole(p.roles[ri].name);
@@ -677,8 +724,10 @@ class Search {
       for (const auto& so : rs->streams) {
         int s = static_cast<int>(std::find(r.graph->streams.begin(), r.graph->streams.end(), so.stream) -
                                  r.graph->streams.begin());
-        for (int id : so.op_ids) r.order[s].push_back(r.index.op.at(id));
+        for (int id : so.op_ids) r.order[s].push_back(r.index->op.at(id));
       }
+      r.pos.assign(n, -1);
+      for (size_t s = 0; s < r.order.size(); ++s) RenumberStream(r, s);
       Compact(r);
       if (opts_.memory_budget_bytes > 0)
         for (const Tensor& tensor : r.graph->tensors)
@@ -711,6 +760,14 @@ class Search {
       return true;
     }
     return false;
+  }
+
+  /// Ends the search: best_ gets its program back from search_program_
+  /// when it borrowed it (the roles must not be used after this).
+  void TakeBackBest() {
+    if (best_in_search_) best_.sp.program = std::move(search_program_);
+    best_in_search_ = false;
+    roles_.clear();
   }
 
   /// One odd (pass 0) or even (pass 1) sweep over every role, then decode
@@ -780,12 +837,18 @@ class Search {
       return Status::Ok();
     }
     for (RoleSearch& r : roles_) SortStreams(r);
-    ScheduledProgram cand{search_program_, Decode(search_program_, roles_, "concerto")};
-    cand.schedule.fusion_groups = start_fusion_groups_;
-    Result<Measured> m = Measure(cand, cost_, opts_.sim);
+    // The program is lent to the candidate and taken back (a move keeps the
+    // graphs, so the roles' pointers and search_indexes_ stay valid): no copy.
+    Schedule decoded = Decode(search_program_, roles_, "concerto");
+    decoded.fusion_groups = start_fusion_groups_;
+    ScheduledProgram cand{std::move(search_program_), std::move(decoded)};
+    Result<Measured> m = Measure(cand, search_indexes_, cost_, opts_.sim);
+    search_program_ = std::move(cand.program);
     if (!m.ok()) return Status::Error("decoded schedule: " + m.status().message());
-    if (m->makespan_us < best_.makespan_us && Fits(m->peak_bytes))
-      best_ = {std::move(cand), m->makespan_us, "concerto", m->peak_bytes};
+    if (m->makespan_us < best_.makespan_us && Fits(m->peak_bytes)) {
+      best_ = {ScheduledProgram{Program{}, std::move(cand.schedule)}, m->makespan_us, "concerto", m->peak_bytes};
+      best_in_search_ = true;
+    }
     if (!Fits(m->peak_bytes)) {
       // The machine runs each stream's order as soon as it can, so delays the
       // windows chose to save memory are not kept; undo a pass that ends over
@@ -950,6 +1013,9 @@ class Search {
   std::future<void> helper_run_;          // the helper thread's current batch
   std::map<Place, std::pair<WindowProblem, WindowSolution>> memo_;  // the last solve at each place
   Candidate best_, fallback_;
+  /// best_'s program is search_program_ (empty in best_ until TakeBackBest).
+  bool best_in_search_ = false;
+  std::vector<GraphIndex> search_indexes_;  // one per graph of search_program_
   Program search_program_;  // the program the windows reorder (the incumbent's)
   std::vector<FusionGroup> start_fusion_groups_;
   std::vector<RoleSearch> roles_;
@@ -967,6 +1033,7 @@ Result<ScheduledProgram> RunConcerto(const Program& program, const CostModel& co
                                      ConcertoReport* report, const ProgressFn& progress) {
   if (options.block_ops < 1) return Status::Error("option --block: must be at least 1 op");
   if (options.rounds < 0) return Status::Error("option --rounds: must not be negative");
+  if (options.stall_rounds < 0) return Status::Error("option --stall-rounds: must not be negative");
   if (options.memory_budget_bytes < 0) return Status::Error("option --memory-budget: must not be negative");
   ConcertoReport local;
   Search search(program, cost, options, report ? report : &local, progress);

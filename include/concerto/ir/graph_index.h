@@ -2,7 +2,9 @@
 // consumers, predecessors. Build once after the graph stops changing.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -11,12 +13,17 @@
 namespace concerto {
 
 struct GraphIndex {
-  std::unordered_map<std::string, int> tensor;  // name -> index in graph.tensors
+  /// name -> index in graph.tensors. The keys view `names` (not the graph),
+  /// so the index stays valid when the graph moves or changes.
+  std::unordered_map<std::string_view, int> tensor;
   std::unordered_map<int, int> op;              // id -> index in graph.ops
   std::vector<int> producer;                    // per tensor: op index, or -1 (a graph input)
   std::vector<std::vector<int>> consumers;      // per tensor: op indices
   std::vector<std::vector<int>> preds;          // per op: op indices (data + control), unique
   std::vector<std::vector<int>> succs;          // per op: op indices, unique
+  /// Every tensor name, back to back, in one allocation (copies of the
+  /// index share it): one string per tensor cost an allocation each.
+  std::shared_ptr<const std::string> names;
 
   /// Assumes references resolve (run after the reader or VerifyGraph); a
   /// dangling reference is skipped, not indexed.

@@ -21,6 +21,10 @@ struct ConcertoOptions {
   std::string solver = "gecode";
   int block_ops = 125;               // b: ops per block; a window is two blocks
   int rounds = 4;                    // R: each round is an odd and an even pass
+  /// Stop after this many rounds in a row that leave the best makespan where
+  /// it was (the windows of a later round then start from nearly the same
+  /// orders); 0: run every round.
+  int stall_rounds = 1;
   /// Per window solve: a deterministic work limit (Gecode failed nodes, CBC
   /// nodes) and a wall-clock safety net, reported when it fires.
   int64_t window_fail_limit = 50;
@@ -85,6 +89,7 @@ struct ConcertoReport {
   double seconds = 0;
   bool reached_lower_bound = false;
   bool hit_time_budget = false;
+  bool stopped_on_stall = false;  // ConcertoOptions::stall_rounds rounds without a gain
   int64_t memory_budget_bytes = 0;
   int64_t peak_memory_bytes = 0;  // of the returned schedule
   int64_t incumbent_peak_memory_bytes = 0;
