@@ -107,6 +107,7 @@ int Sweep(Options options) {
       Options o = options;
       (void)o.Set("rounds", rounds);
       (void)o.Set("block", block);
+      (void)o.Set("stall-rounds", 0);  // every round: the sweep measures what rounds buy
       if (Status s = ConcertoRow(fmt::format("{} {}, rounds {}, block {}", w.model, w.plan, rounds, block), *program,
                                  cost, o);
           !s.ok())
