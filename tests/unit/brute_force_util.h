@@ -1,5 +1,5 @@
 // Tests only: the best makespan of a small program over every schedule, by
-// enumeration. Generalises the helper of concerto_scheduler_test.cc to any
+// enumeration, for any
 // number of roles and streams: each (role, stream)'s order is a linear
 // extension of its graph's DAG; every combination the schedule verifier
 // accepts (no cross-stream deadlock, sends and recvs permuted alike) is

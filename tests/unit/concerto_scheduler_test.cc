@@ -8,6 +8,7 @@
 #include <climits>
 #include <random>
 
+#include "brute_force_util.h"
 #include "concerto/cost/cluster.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/graph_index.h"
@@ -81,52 +82,8 @@ Program RandomProgram(int n, uint64_t seed) {
   return p;
 }
 
-/// The best makespan over every pair of per-stream orders consistent with
-/// the dependencies (each stream's order a linear extension of the DAG).
-double BruteForceOptimum(const Program& p, const CostModel& cost) {
-  const Graph& g = p.graphs[0];
-  GraphIndex index = GraphIndex::Build(g);
-  std::vector<std::vector<int>> per_stream(g.streams.size());
-  for (size_t i = 0; i < g.ops.size(); ++i)
-    per_stream[std::find(g.streams.begin(), g.streams.end(), g.ops[i].stream) - g.streams.begin()].push_back(
-        static_cast<int>(i));
-  // Transitive reachability, for pruning orders that put a successor first.
-  const size_t n = g.ops.size();
-  std::vector<std::vector<char>> reach(n, std::vector<char>(n, 0));
-  for (int i : TopologicalOrder(g, index))
-    for (int q : index.preds[i]) {
-      reach[q][i] = 1;
-      for (size_t k = 0; k < n; ++k)
-        if (reach[k][q]) reach[k][i] = 1;
-    }
-  std::vector<std::vector<std::vector<int>>> orders(per_stream.size());
-  for (size_t s = 0; s < per_stream.size(); ++s) {
-    std::vector<int> v = per_stream[s];
-    std::sort(v.begin(), v.end());
-    do {
-      bool ok = true;
-      for (size_t a = 0; a < v.size() && ok; ++a)
-        for (size_t b = a + 1; b < v.size() && ok; ++b) ok = !reach[v[b]][v[a]];
-      if (ok) orders[s].push_back(v);
-    } while (std::next_permutation(v.begin(), v.end()));
-  }
-  double best = 1e300;
-  SimOptions opts;
-  opts.interference = 0;
-  for (const auto& o0 : orders[0])
-    for (const auto& o1 : orders[1]) {
-      ScheduledProgram sp{p, {}};
-      sp.schedule.scheduler = "brute";
-      RoleSchedule rs{"spmd", {{g.streams[0], {}}, {g.streams[1], {}}}};
-      for (int i : o0) rs.streams[0].op_ids.push_back(g.ops[i].id);
-      for (int i : o1) rs.streams[1].op_ids.push_back(g.ops[i].id);
-      sp.schedule.roles = {rs};
-      if (!VerifySchedule(sp.program, sp.schedule).empty()) continue;  // cross-stream deadlock
-      Result<Timeline> t = Simulate(sp, cost, opts);
-      if (t.ok()) best = std::min(best, t->makespan_us);
-    }
-  return best;
-}
+/// The best makespan over every schedule (tests/unit/brute_force_util.h).
+using concerto::testing::BruteForceOptimum;
 
 TEST(ConcertoScheduler, EqualsBruteForceOptimumOnSmallGraphs) {
   AnalyticCostModel cost = Cost();
