@@ -555,8 +555,7 @@ class Search {
     // simulation the search measures with; the propagation bound is left to
     // the driver's summary (up to a second per run).
     const double f = opts_.sim.interference >= 0 ? opts_.sim.interference : cost_.cluster().interference;
-    return std::max(ComputeLowerBound(p, cost_, /*control_deps=*/false).lower_bound_us,
-                    InterferenceBoundUs(p, cost_, f));
+    return ComputeLowerBound(p, cost_, /*control_deps=*/false, f).lower_bound_us;
   }
 
   /// Every baseline, simulated as it is (the fallback: never return worse)

@@ -14,9 +14,8 @@
 #include "concerto/ir/graph_index.h"
 
 namespace concerto {
-namespace {
 
-JoinedGraph Build(const Program& program, const CostModel& cost, bool control_deps) {
+JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps) {
   JoinedGraph j;
   std::map<int, int> rep_role;  // representative rank -> role
   for (size_t r = 0; r < program.roles.size(); ++r)
@@ -63,7 +62,7 @@ JoinedGraph Build(const Program& program, const CostModel& cost, bool control_de
 /// ("send/recv order differs"), so the pairing does not depend on the
 /// schedule. The keys' lists are filled in program order; an unmatched op
 /// (which the verifier rejects anyway) has no partner.
-std::vector<int> Partners(const JoinedGraph& j) {
+std::vector<int> SendRecvPartners(const JoinedGraph& j) {
   std::vector<int> partner(j.dur.size(), -1);
   for (const auto& [sends, recvs] : j.keys)
     for (size_t m = 0; m < std::min(sends.size(), recvs.size()); ++m) {
@@ -73,6 +72,8 @@ std::vector<int> Partners(const JoinedGraph& j) {
   return partner;
 }
 
+namespace {
+
 /// Heads (earliest starts) and tails (work that must follow an op's end).
 /// A send and its recv start together, so an op's head is at least its
 /// partner's head, and its tail at least the partner's (duration + tail)
@@ -81,7 +82,7 @@ std::vector<int> Partners(const JoinedGraph& j) {
 void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int rounds, std::vector<double>* head,
                    std::vector<double>* tail) {
   const size_t n = j.dur.size();
-  const std::vector<int> partner = Partners(j);
+  const std::vector<int> partner = SendRecvPartners(j);
   head->assign(n, 0);
   tail->assign(n, 0);
   auto& h = *head;
@@ -123,12 +124,6 @@ double FillDrain(std::vector<int> ops, const JoinedGraph& j, const std::vector<d
 
 }  // namespace
 
-JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps) {
-  return Build(program, cost, control_deps);
-}
-
-std::vector<int> SendRecvPartners(const JoinedGraph& j) { return Partners(j); }
-
 double LowerBound::PlainUs() const { return std::max({critical_path_us, stream_load_us, fill_drain_us}); }
 
 std::string LowerBound::BindingTerm() const {
@@ -162,6 +157,8 @@ LowerBound BoundOfJoinedGraph(const JoinedGraph& j, int roles, std::vector<doubl
   return lb;
 }
 
+namespace {
+
 /// The interference bound of one role's ops (`ops`, nodes of `j`), see
 /// InterferenceBoundUs: for every threshold h (a head, high to low) and
 /// compute stream s, with C = s's compute work of head >= h, A = the largest
@@ -190,11 +187,10 @@ double RoleInterferenceBound(const JoinedGraph& j, const std::vector<int>& ops, 
   return best;
 }
 
-double InterferenceBoundUs(const Program& program, const CostModel& cost, double interference, std::string* role) {
-  if (!(interference > 0)) return 0;
-  const JoinedGraph j = Build(program, cost, /*control_deps=*/false);
-  std::vector<double> head, tail;
-  BoundOfJoinedGraph(j, static_cast<int>(program.roles.size()), &head, &tail);
+/// The interference bound of a joined graph with its heads and tails: the
+/// largest RoleInterferenceBound over the roles; `role` names it.
+double JoinedInterferenceBound(const Program& program, const JoinedGraph& j, const std::vector<double>& head,
+                               const std::vector<double>& tail, double interference, std::string* role) {
   std::map<int, std::vector<int>> by_role;
   for (size_t i = 0; i < j.dur.size(); ++i) by_role[j.role[i]].push_back(static_cast<int>(i));
   double best = 0;
@@ -208,9 +204,29 @@ double InterferenceBoundUs(const Program& program, const CostModel& cost, double
   return best;
 }
 
+}  // namespace
+
+double InterferenceBoundUs(const Program& program, const CostModel& cost, double interference, std::string* role) {
+  if (!(interference > 0)) return 0;
+  const JoinedGraph j = BuildJoinedGraph(program, cost, /*control_deps=*/false);
+  std::vector<double> head, tail;
+  BoundOfJoinedGraph(j, static_cast<int>(program.roles.size()), &head, &tail);
+  return JoinedInterferenceBound(program, j, head, tail, interference, role);
+}
+
 LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps) {
   std::vector<double> head, tail;
-  return BoundOfJoinedGraph(Build(program, cost, control_deps), static_cast<int>(program.roles.size()), &head, &tail);
+  return BoundOfJoinedGraph(BuildJoinedGraph(program, cost, control_deps), static_cast<int>(program.roles.size()),
+                            &head, &tail);
+}
+
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps, double interference) {
+  const JoinedGraph j = BuildJoinedGraph(program, cost, control_deps);
+  std::vector<double> head, tail;
+  LowerBound lb = BoundOfJoinedGraph(j, static_cast<int>(program.roles.size()), &head, &tail);
+  if (interference > 0) lb.interference_us = JoinedInterferenceBound(program, j, head, tail, interference, nullptr);
+  lb.lower_bound_us = std::max(lb.lower_bound_us, lb.interference_us);
+  return lb;
 }
 
 }  // namespace concerto

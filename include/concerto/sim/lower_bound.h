@@ -64,6 +64,10 @@ struct LowerBound {
   std::string BindingTerm() const;
 };
 LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps = true);
+/// The plain bound and, from the same joined graph, the interference bound
+/// (InterferenceBoundUs with these `control_deps`): `interference_us` is set
+/// and `lower_bound_us` is the max of both.
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps, double interference);
 /// The same bound of an already joined graph of `roles` roles; also hands
 /// back the heads (earliest starts, us) and tails (work that must follow an
 /// op's nominal end, us) it used: valid for every schedule.
