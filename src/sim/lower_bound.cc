@@ -74,15 +74,91 @@ std::vector<int> SendRecvPartners(const JoinedGraph& j) {
 
 namespace {
 
+/// Near relatives of a node that share a stream, with the known distance
+/// between them: for a node i, its predecessors (distance 0) and their
+/// predecessors (distance = the middle op's duration), grouped by stream;
+/// mirrored for successors. Only streams with two or more of them are kept.
+/// A relative reached on two paths keeps the longer distance.
+struct Relatives {
+  struct Group {
+    std::vector<int> nodes;
+    std::vector<double> dist_us;
+  };
+  std::vector<std::vector<Group>> before, after;
+};
+
+/// Groups of relatives larger than this use the direct neighbours only
+/// (keeps a node with a huge fan-in from costing quadratic time).
+constexpr size_t kMaxRelatives = 256;
+
+std::vector<std::vector<Relatives::Group>> GroupRelatives(const JoinedGraph& j, const std::vector<int>& stream_id,
+                                                          const std::vector<std::vector<int>>& next) {
+  std::vector<std::vector<Relatives::Group>> out(j.dur.size());
+  std::map<int, double> found;  // node -> longest known distance
+  for (size_t i = 0; i < j.dur.size(); ++i) {
+    found.clear();
+    for (int p : next[i]) found[p] = std::max(found[p], 0.0);
+    if (found.size() <= kMaxRelatives)
+      for (int p : next[i])
+        for (int q : next[p]) found[q] = std::max(found[q], j.dur[p]);
+    if (found.size() > kMaxRelatives) {
+      found.clear();
+      for (int p : next[i]) found[p] = 0;
+    }
+    std::map<int, Relatives::Group> by_stream;
+    for (const auto& [node, dist] : found) {
+      if (!(j.dur[node] > 0)) continue;
+      auto& g = by_stream[stream_id[node]];
+      g.nodes.push_back(node);
+      g.dist_us.push_back(dist);
+    }
+    for (auto& [s, g] : by_stream)
+      if (g.nodes.size() >= 2) out[i].push_back(std::move(g));
+  }
+  return out;
+}
+
+/// The serial bound of a group of relatives of i on one stream, with `key`
+/// their heads (before i) or tails (after i): they run one at a time, so for
+/// the ones with key >= k (high to low), the time from the earliest of them
+/// to i (or from i to the end) is at least k + their work + the smallest
+/// distance among them. The largest such value.
+double SerialBound(const Relatives::Group& g, const std::vector<double>& key, const JoinedGraph& j,
+                   std::vector<int>* order) {
+  order->resize(g.nodes.size());
+  for (size_t k = 0; k < order->size(); ++k) (*order)[k] = static_cast<int>(k);
+  std::sort(order->begin(), order->end(), [&](int a, int b) { return key[g.nodes[a]] > key[g.nodes[b]]; });
+  double best = 0, work = 0, min_dist = std::numeric_limits<double>::infinity();
+  for (int k : *order) {
+    work += j.dur[g.nodes[k]];
+    min_dist = std::min(min_dist, g.dist_us[k]);
+    best = std::max(best, key[g.nodes[k]] + work + min_dist);
+  }
+  return best;
+}
+
 /// Heads (earliest starts) and tails (work that must follow an op's end).
-/// A send and its recv start together, so an op's head is at least its
-/// partner's head, and its tail at least the partner's (duration + tail)
-/// minus its own duration. Iterated (values only grow and each step is a
-/// valid bound) until stable or `rounds` runs.
+/// A head is at least every predecessor's head + duration and, for the
+/// predecessors (and their predecessors) that share a stream, the
+/// SerialBound of them: a stream runs one op at a time, so a node waiting
+/// for two chunks of an all-reduce waits for both to run one after the
+/// other. Tails mirror this. A send and its recv start together, so an op's
+/// head is at least its partner's head, and its tail at least the
+/// partner's (duration + tail) minus its own duration. Iterated (values
+/// only grow and each step is a valid bound) until stable or `rounds` runs.
 void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int rounds, std::vector<double>* head,
                    std::vector<double>* tail) {
   const size_t n = j.dur.size();
   const std::vector<int> partner = SendRecvPartners(j);
+  std::vector<int> stream_id(n);
+  {
+    std::map<std::string, int> ids;
+    for (size_t i = 0; i < n; ++i) stream_id[i] = ids.emplace(j.stream[i], static_cast<int>(ids.size())).first->second;
+  }
+  Relatives rel;
+  rel.before = GroupRelatives(j, stream_id, j.preds);
+  rel.after = GroupRelatives(j, stream_id, j.succs);
+  std::vector<int> order;
   head->assign(n, 0);
   tail->assign(n, 0);
   auto& h = *head;
@@ -92,6 +168,7 @@ void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int round
     for (int i : topo) {
       double v = h[i];
       for (int p : j.preds[i]) v = std::max(v, h[p] + j.dur[p]);
+      for (const auto& g : rel.before[i]) v = std::max(v, SerialBound(g, h, j, &order));
       if (partner[i] >= 0) v = std::max(v, h[partner[i]]);
       changed = changed || v > h[i];
       h[i] = v;
@@ -100,6 +177,7 @@ void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int round
       const int i = *it;
       double v = t[i];
       for (int s : j.succs[i]) v = std::max(v, j.dur[s] + t[s]);
+      for (const auto& g : rel.after[i]) v = std::max(v, SerialBound(g, t, j, &order));
       if (partner[i] >= 0) v = std::max(v, j.dur[partner[i]] + t[partner[i]] - j.dur[i]);
       changed = changed || v > t[i];
       t[i] = v;
