@@ -37,6 +37,8 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
   nlohmann::json j = {{"solver", r.solver},
                       {"incumbent", r.incumbent},
                       {"incumbent_makespan_us", r.incumbent_makespan_us},
+                      {"start", r.start},
+                      {"start_makespan_us", r.start_makespan_us},
                       {"final_makespan_us", r.final_makespan_us},
                       {"lower_bound_us", r.lower_bound_us},
                       {"gap", r.gap},

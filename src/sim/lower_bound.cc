@@ -93,27 +93,47 @@ constexpr size_t kMaxRelatives = 256;
 
 std::vector<std::vector<Relatives::Group>> GroupRelatives(const JoinedGraph& j, const std::vector<int>& stream_id,
                                                           const std::vector<std::vector<int>>& next) {
-  std::vector<std::vector<Relatives::Group>> out(j.dur.size());
-  std::map<int, double> found;  // node -> longest known distance
-  for (size_t i = 0; i < j.dur.size(); ++i) {
-    found.clear();
-    for (int p : next[i]) found[p] = std::max(found[p], 0.0);
+  const size_t n = j.dur.size();
+  std::vector<std::vector<Relatives::Group>> out(n);
+  std::vector<int> slot(n, -1);                  // node -> index in `found` (reset after each node)
+  std::vector<std::pair<int, double>> found;      // (node, longest known distance)
+  auto add = [&](int node, double dist) {
+    if (slot[node] < 0) {
+      slot[node] = static_cast<int>(found.size());
+      found.emplace_back(node, dist);
+    } else {
+      found[slot[node]].second = std::max(found[slot[node]].second, dist);
+    }
+  };
+  for (size_t i = 0; i < n; ++i) {
+    for (int p : next[i]) add(p, 0);
     if (found.size() <= kMaxRelatives)
       for (int p : next[i])
-        for (int q : next[p]) found[q] = std::max(found[q], j.dur[p]);
+        for (int q : next[p]) add(q, j.dur[p]);
     if (found.size() > kMaxRelatives) {
+      for (const auto& [node, dist] : found) slot[node] = -1;
       found.clear();
-      for (int p : next[i]) found[p] = 0;
+      for (int p : next[i]) add(p, 0);
     }
-    std::map<int, Relatives::Group> by_stream;
-    for (const auto& [node, dist] : found) {
-      if (!(j.dur[node] > 0)) continue;
-      auto& g = by_stream[stream_id[node]];
-      g.nodes.push_back(node);
-      g.dist_us.push_back(dist);
+    for (const auto& [node, dist] : found) slot[node] = -1;
+    std::erase_if(found, [&](const auto& f) { return !(j.dur[f.first] > 0); });
+    std::sort(found.begin(), found.end(), [&](const auto& a, const auto& b) {
+      return std::tie(stream_id[a.first], a.first) < std::tie(stream_id[b.first], b.first);
+    });
+    for (size_t k = 0; k < found.size();) {
+      size_t e = k;
+      while (e < found.size() && stream_id[found[e].first] == stream_id[found[k].first]) ++e;
+      if (e - k >= 2) {
+        Relatives::Group g;
+        for (size_t m = k; m < e; ++m) {
+          g.nodes.push_back(found[m].first);
+          g.dist_us.push_back(found[m].second);
+        }
+        out[i].push_back(std::move(g));
+      }
+      k = e;
     }
-    for (auto& [s, g] : by_stream)
-      if (g.nodes.size() >= 2) out[i].push_back(std::move(g));
+    found.clear();
   }
   return out;
 }

@@ -69,8 +69,14 @@ struct WindowReport {
 
 struct ConcertoReport {
   std::string solver;
-  std::string incumbent;          // the baseline the search started from
+  std::string incumbent;          // the best baseline (the fallback: never return worse)
   double incumbent_makespan_us = 0;
+  /// Where the window search started: a baseline without its ordering edges
+  /// ("ddp"), "list" (the list schedule of the input program) or "list+ddp"
+  /// (of that baseline's rewritten program), "+streams" when inter-node
+  /// collectives moved to a stream of their own.
+  std::string start;
+  double start_makespan_us = 0;
   double final_makespan_us = 0;
   double lower_bound_us = 0;
   double gap = 0;                 // (final - LB) / final
