@@ -248,21 +248,23 @@ Result<std::vector<RunResult>> Compare(const Program& program, const std::vector
 
 std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& lb, const std::string& title) {
   std::string out = title + "\n";
-  out += fmt::format("{:<12} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>12}\n", "scheduler", "iteration_ms",
-                     "vs_best", "exposed_comm_ms", "overlap", "T/LB", "fused_ops", "peak_mem_GiB");
+  out += fmt::format("{:<12} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>10} {:>12}\n", "scheduler", "iteration_ms",
+                     "vs_best", "exposed_comm_ms", "overlap", "T/LB", "LB_ms", "fused_ops", "peak_mem_GiB");
   double best = 0;
   for (const auto& r : runs)
     if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us;
   for (const auto& r : runs) {
     const Summary& s = r.summary;
-    out += fmt::format("{:<12} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10} {:>12.2f}\n", s.scheduler,
-                       s.makespan_us / 1e3, s.makespan_us / best, s.exposed_comm_us / 1e3, 100 * s.overlap_ratio,
-                       s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0,
-                       r.scheduled.schedule.fusion_groups.size(), s.peak_memory_bytes / double(1 << 30));
+    out += fmt::format("{:<12} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10.3f} {:>10} {:>12.2f}\n",
+                       s.scheduler, s.makespan_us / 1e3, s.makespan_us / best, s.exposed_comm_us / 1e3,
+                       100 * s.overlap_ratio, s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0,
+                       s.bound.lower_bound_us / 1e3, r.scheduled.schedule.fusion_groups.size(),
+                       s.peak_memory_bytes / double(1 << 30));
   }
   out += fmt::format(
-      "lower bound of the program {:.3f} ms = max(critical path {:.3f} ms, busiest stream '{}' {:.3f} ms{});\n"
-      "T/LB divides by the bound of each run's own program (bucketing changes the work)\n",
+      "LB_ms: lower bound of each run's own program, max(critical path, stream load, fill + work + drain,\n"
+      "propagation, interference) (bucketing, chunking and stream splits change the work); plain bound\n"
+      "of the input program as lowered: {:.3f} ms = max(critical path {:.3f} ms, busiest stream '{}' {:.3f} ms{})\n",
       lb.lower_bound_us / 1e3, lb.critical_path_us / 1e3, lb.busiest_stream, lb.stream_load_us / 1e3,
       lb.fill_drain_us > std::max(lb.critical_path_us, lb.stream_load_us)
           ? fmt::format(", fill + work + drain of '{}' {:.3f} ms", lb.fill_drain_stream, lb.fill_drain_us / 1e3)

@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "concerto/ir/graph_index.h"
+#include "concerto/util/serial_rule.h"
 
 namespace concerto {
 
@@ -74,89 +75,6 @@ std::vector<int> SendRecvPartners(const JoinedGraph& j) {
 
 namespace {
 
-/// Near relatives of a node that share a stream, with the known distance
-/// between them: for a node i, its predecessors (distance 0) and their
-/// predecessors (distance = the middle op's duration), grouped by stream;
-/// mirrored for successors. Only streams with two or more of them are kept.
-/// A relative reached on two paths keeps the longer distance.
-struct Relatives {
-  struct Group {
-    std::vector<int> nodes;
-    std::vector<double> dist_us;
-  };
-  std::vector<std::vector<Group>> before, after;
-};
-
-/// Groups of relatives larger than this use the direct neighbours only
-/// (keeps a node with a huge fan-in from costing quadratic time).
-constexpr size_t kMaxRelatives = 256;
-
-std::vector<std::vector<Relatives::Group>> GroupRelatives(const JoinedGraph& j, const std::vector<int>& stream_id,
-                                                          const std::vector<std::vector<int>>& next) {
-  const size_t n = j.dur.size();
-  std::vector<std::vector<Relatives::Group>> out(n);
-  std::vector<int> slot(n, -1);                  // node -> index in `found` (reset after each node)
-  std::vector<std::pair<int, double>> found;      // (node, longest known distance)
-  auto add = [&](int node, double dist) {
-    if (slot[node] < 0) {
-      slot[node] = static_cast<int>(found.size());
-      found.emplace_back(node, dist);
-    } else {
-      found[slot[node]].second = std::max(found[slot[node]].second, dist);
-    }
-  };
-  for (size_t i = 0; i < n; ++i) {
-    for (int p : next[i]) add(p, 0);
-    if (found.size() <= kMaxRelatives)
-      for (int p : next[i])
-        for (int q : next[p]) add(q, j.dur[p]);
-    if (found.size() > kMaxRelatives) {
-      for (const auto& [node, dist] : found) slot[node] = -1;
-      found.clear();
-      for (int p : next[i]) add(p, 0);
-    }
-    for (const auto& [node, dist] : found) slot[node] = -1;
-    std::erase_if(found, [&](const auto& f) { return !(j.dur[f.first] > 0); });
-    std::sort(found.begin(), found.end(), [&](const auto& a, const auto& b) {
-      return std::tie(stream_id[a.first], a.first) < std::tie(stream_id[b.first], b.first);
-    });
-    for (size_t k = 0; k < found.size();) {
-      size_t e = k;
-      while (e < found.size() && stream_id[found[e].first] == stream_id[found[k].first]) ++e;
-      if (e - k >= 2) {
-        Relatives::Group g;
-        for (size_t m = k; m < e; ++m) {
-          g.nodes.push_back(found[m].first);
-          g.dist_us.push_back(found[m].second);
-        }
-        out[i].push_back(std::move(g));
-      }
-      k = e;
-    }
-    found.clear();
-  }
-  return out;
-}
-
-/// The serial bound of a group of relatives of i on one stream, with `key`
-/// their heads (before i) or tails (after i): they run one at a time, so for
-/// the ones with key >= k (high to low), the time from the earliest of them
-/// to i (or from i to the end) is at least k + their work + the smallest
-/// distance among them. The largest such value.
-double SerialBound(const Relatives::Group& g, const std::vector<double>& key, const JoinedGraph& j,
-                   std::vector<int>* order) {
-  order->resize(g.nodes.size());
-  for (size_t k = 0; k < order->size(); ++k) (*order)[k] = static_cast<int>(k);
-  std::sort(order->begin(), order->end(), [&](int a, int b) { return key[g.nodes[a]] > key[g.nodes[b]]; });
-  double best = 0, work = 0, min_dist = std::numeric_limits<double>::infinity();
-  for (int k : *order) {
-    work += j.dur[g.nodes[k]];
-    min_dist = std::min(min_dist, g.dist_us[k]);
-    best = std::max(best, key[g.nodes[k]] + work + min_dist);
-  }
-  return best;
-}
-
 /// Heads (earliest starts) and tails (work that must follow an op's end).
 /// A head is at least every predecessor's head + duration and, for the
 /// predecessors (and their predecessors) that share a stream, the
@@ -175,9 +93,8 @@ void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int round
     std::map<std::string, int> ids;
     for (size_t i = 0; i < n; ++i) stream_id[i] = ids.emplace(j.stream[i], static_cast<int>(ids.size())).first->second;
   }
-  Relatives rel;
-  rel.before = GroupRelatives(j, stream_id, j.preds);
-  rel.after = GroupRelatives(j, stream_id, j.succs);
+  const auto before = GroupSerialRelatives(j.dur, stream_id, j.preds);
+  const auto after = GroupSerialRelatives(j.dur, stream_id, j.succs);
   std::vector<int> order;
   head->assign(n, 0);
   tail->assign(n, 0);
@@ -188,7 +105,7 @@ void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int round
     for (int i : topo) {
       double v = h[i];
       for (int p : j.preds[i]) v = std::max(v, h[p] + j.dur[p]);
-      for (const auto& g : rel.before[i]) v = std::max(v, SerialBound(g, h, j, &order));
+      for (const auto& g : before[i]) v = std::max(v, SerialBound(g, h, j.dur, &order));
       if (partner[i] >= 0) v = std::max(v, h[partner[i]]);
       changed = changed || v > h[i];
       h[i] = v;
@@ -197,7 +114,7 @@ void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int round
       const int i = *it;
       double v = t[i];
       for (int s : j.succs[i]) v = std::max(v, j.dur[s] + t[s]);
-      for (const auto& g : rel.after[i]) v = std::max(v, SerialBound(g, t, j, &order));
+      for (const auto& g : after[i]) v = std::max(v, SerialBound(g, t, j.dur, &order));
       if (partner[i] >= 0) v = std::max(v, j.dur[partner[i]] + t[partner[i]] - j.dur[i]);
       changed = changed || v > t[i];
       t[i] = v;
