@@ -818,15 +818,15 @@ class Search {
         bool reused = false;
         while (!ahead.empty() && ahead.front().first_block < k) ahead.pop_front();
         if (!ahead.empty() && ahead.front().first_block == k) {
-          const Result<WindowSolution>& guess = ahead.front().answer.get();
-          if (ahead.front().problem == w.problem) answer = guess, report_->windows_speculated++;
+          // A guess for another problem (an earlier window moved this one's
+          // context) is not waited for: the main thread solves at once.
+          if (ahead.front().problem == w.problem) answer = ahead.front().answer.get(), report_->windows_speculated++;
           ahead.pop_front();
         }
         if (!answer)
           if (const WindowSolution* known = Remembered(place, w.problem)) answer = *known, reused = true;
         if (!answer) {
-          // Every earlier early answer has been taken, so the helper is idle.
-          if (helper_ && ahead.empty()) ahead = SolveAhead(r, members_of, horizon, pass, k, blocks);
+          if (helper_ && ahead.empty() && HelperIdle()) ahead = SolveAhead(r, members_of, horizon, pass, k, blocks);
           answer = solver_->Solve(w.problem, WindowSolverOptions());
         }
         ApplyWindow(r, w, *answer, reused, place, round);
@@ -892,10 +892,17 @@ class Search {
     std::shared_future<Result<WindowSolution>> answer;
   };
   /// How many windows one batch solves ahead. A new batch starts only once
-  /// every answer of the last one was taken, so which windows are solved
-  /// ahead (windows_speculated) does not depend on timing. 3 was no faster
-  /// than 1 on this 2-core machine under load.
+  /// the helper finished the last one (its answers taken or found to be for
+  /// a stale problem), so how many windows are solved ahead
+  /// (windows_speculated) depends on timing; the schedule does not (a
+  /// deterministic solve gives a speculated problem the answer the main
+  /// thread would). 3 was no faster than 1 on this 2-core machine under load.
   static constexpr size_t kSolveAhead = 1;
+
+  /// The helper thread has no batch running.
+  bool HelperIdle() const {
+    return !helper_run_.valid() || helper_run_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  }
 
   /// Options of one window solve: the fail limit, and the wall-clock safety
   /// net capped by what is left of the time budget.
