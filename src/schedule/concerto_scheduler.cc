@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <fmt/format.h>
 #include <deque>
 #include <future>
@@ -665,16 +664,34 @@ class Search {
     for (const Graph& g : p.graphs) n += g.ops.size();
     return n;
   }
+  /// The list schedule of `program` as a starting point (named `name`); with
+  /// several roles also in order (ListScheduleOptions::in_order: 1F1B's
+  /// order and memory on a pipeline), each kept when it simulates faster and
+  /// fits.
   void TryListScheduleOf(const Program& program, const std::string& name, const std::string& of) {
-    Result<Schedule> s = CriticalPathListSchedule(program, cost_);
-    if (!s.ok()) return Say("list schedule of " + of + ": " + s.status().message() + " (not a starting point)");
-    ScheduledProgram sp{program, std::move(s).value()};
-    Result<Measured> m = Measure(sp, cost_, opts_.sim);
-    if (!m.ok()) return Say("list schedule of " + of + " dropped: " + m.status().message());
-    const bool keep = m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
-    Say(fmt::format("list schedule (critical path over the joined graph) of {}: {:.3f} ms{}", of, m->makespan_us / 1e3,
-                    keep ? "" : fmt::format(" (not kept: '{}' is {:.3f} ms)", best_.name, best_.makespan_us / 1e3)));
-    if (keep) best_ = {std::move(sp), m->makespan_us, name, m->peak_bytes};
+    for (const bool in_order : {false, true}) {
+      if (in_order && program.roles.size() < 2) break;  // one role: the same schedule
+      const std::string label = in_order ? of + ", in order" : of;
+      Result<Schedule> s = CriticalPathListSchedule(program, cost_, ListScheduleOptions{in_order});
+      if (!s.ok()) {
+        Say("list schedule of " + label + ": " + s.status().message() + " (not a starting point)");
+        continue;
+      }
+      ScheduledProgram sp{program, std::move(s).value()};
+      Result<Measured> m = Measure(sp, cost_, opts_.sim);
+      if (!m.ok()) {
+        Say("list schedule of " + label + " dropped: " + m.status().message());
+        continue;
+      }
+      const bool keep = m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
+      Say(fmt::format("list schedule (critical path over the joined graph) of {}: {:.3f} ms, peak {:.2f} GiB{}",
+                      label, m->makespan_us / 1e3, m->peak_bytes / double(1 << 30),
+                      keep ? ""
+                           : Fits(m->peak_bytes)
+                                 ? fmt::format(" (not kept: '{}' is {:.3f} ms)", best_.name, best_.makespan_us / 1e3)
+                                 : std::string(" (not kept: over the memory budget)")));
+      if (keep) best_ = {std::move(sp), m->makespan_us, in_order ? name + "-in-order" : name, m->peak_bytes};
+    }
   }
 
   /// The starting point with inter-node collectives on a stream of their own

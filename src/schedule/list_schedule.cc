@@ -167,7 +167,8 @@ std::vector<std::vector<RoleOp>> PairSendRecv(const Program& program) {
   return partner;
 }
 
-Result<Schedule> CriticalPathListSchedule(const Program& program, const CostModel& cost) {
+Result<Schedule> CriticalPathListSchedule(const Program& program, const CostModel& cost,
+                                          const ListScheduleOptions& options) {
   const Joined j = BuildJoined(program, cost);
   Result<Priorities> pr = ComputePriorities(j);
   if (!pr.ok()) return pr.status();
@@ -187,8 +188,21 @@ Result<Schedule> CriticalPathListSchedule(const Program& program, const CostMode
   // Per stream: ops whose predecessors finished and whose key's earlier ops
   // were issued, highest priority first (ties: lower op index).
   std::vector<std::set<Entry>> ready(j.num_streams);
+  // With `in_order`, the ops another role waits for and every send and recv
+  // start in program order per role (a chain through them).
+  std::vector<int> chain_prev(n, -1), chain_next(n, -1);
+  if (options.in_order) {
+    std::vector<int> last(program.roles.size(), -1);
+    for (int i = 0; i < n; ++i) {  // nodes are in program order within a role
+      if (!pr->feeds_other_role[i] && j.partner[i] < 0) continue;
+      const int r = j.at[i].role;
+      if (last[r] >= 0) chain_prev[i] = last[r], chain_next[last[r]] = i;
+      last[r] = i;
+    }
+  }
   auto eligible = [&](int i) {
-    return !issued[i] && waiting[i] == 0 && (j.key_prev[i] < 0 || issued[j.key_prev[i]]);
+    return !issued[i] && waiting[i] == 0 && (j.key_prev[i] < 0 || issued[j.key_prev[i]]) &&
+           (chain_prev[i] < 0 || issued[chain_prev[i]]);
   };
   auto offer = [&](int i) {
     if (i >= 0 && eligible(i)) ready[j.stream[i]].insert(entry(i));
@@ -213,6 +227,7 @@ Result<Schedule> CriticalPathListSchedule(const Program& program, const CostMode
     order[j.stream[i]].push_back(i);
     running.push({now + j.dur_us[i], i});
     offer(j.key_next[i]);
+    offer(chain_next[i]);
   };
   while (finished < n) {
     for (bool started = true; started;) {

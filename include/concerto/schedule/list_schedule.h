@@ -41,6 +41,19 @@ std::vector<std::vector<RoleOp>> PairSendRecv(const Program& program);
 /// a running stream, so the waits never form a cycle). Sends and recvs of
 /// one key are issued in program order. Every rank of a role gets its representative's
 /// orders. An error when the joined graph has a cycle.
-Result<Schedule> CriticalPathListSchedule(const Program& program, const CostModel& cost);
+///
+/// Options: with `in_order`, the ops another role waits for and every send
+/// and recv additionally start in program order per role (a chain through
+/// them): a pipeline keeps the lowered 1F1B order of forwards, activation
+/// gradients and transfers, and with it 1F1B's bound on micro-batches in
+/// flight (its memory), while weight gradients and the optimizer still fill
+/// idle time by their chains. Without it, a first stage runs its forwards
+/// ahead of its backward (nothing waits for the backward there), which is
+/// faster where bubbles dominate and holds more activations.
+struct ListScheduleOptions {
+  bool in_order = false;
+};
+Result<Schedule> CriticalPathListSchedule(const Program& program, const CostModel& cost,
+                                          const ListScheduleOptions& options = {});
 
 }  // namespace concerto
