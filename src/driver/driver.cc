@@ -30,6 +30,7 @@ ConcertoOptions ToConcertoOptions(const Options& options) {
   c.baselines = ToBaselineOptions(options);
   c.sim.interference = options.Get("interference");
   c.memory_budget_bytes = static_cast<int64_t>(options.Get("memory-budget"));
+  c.list_schedule = options.Get("list-schedule") != 0;
   return c;
 }
 

@@ -31,6 +31,9 @@ const std::vector<OptionSpec>& OptionTable() {
        "(0 or 1: off)"},
       {"memory-budget", "bytes", 0, 0, 1e15,
        "concerto: peak memory per rank the schedule must stay under (0: no budget)"},
+      {"list-schedule", "0/1", 1, 0, 1,
+       "concerto: also start from critical-path list schedules (pipelines: free and in program order); 0: from "
+       "the baselines only"},
   };
   return table;
 }

@@ -11,6 +11,8 @@
 #include "brute_force_util.h"
 #include "concerto/cost/cluster.h"
 #include "concerto/cost/cost_model.h"
+#include "concerto/driver/driver.h"
+#include "concerto/driver/options.h"
 #include "concerto/ir/graph_index.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/frontend.h"
@@ -331,7 +333,13 @@ TEST(ConcertoScheduler, StartsFromTheListScheduleOfTheBestBaselinesRewrittenProg
   EXPECT_LE(report.final_makespan_us, report.start_makespan_us);
   EXPECT_TRUE(VerifySchedule(sp->program, sp->schedule).empty());
   EXPECT_LT(sp->program.graphs[0].ops.size(), p.graphs[0].ops.size()) << "DDP's buckets: fewer all-reduces";
-  // Without the list schedule the search starts from a baseline.
+  // Without the list schedule (--list-schedule 0) the search starts from a
+  // baseline.
+  Options cli;
+  EXPECT_TRUE(ToConcertoOptions(cli).list_schedule);
+  ASSERT_TRUE(cli.Set("list-schedule", 0).ok());
+  EXPECT_FALSE(ToConcertoOptions(cli).list_schedule);
+  EXPECT_FALSE(cli.Set("list-schedule", 2).ok());
   o.list_schedule = false;
   ConcertoReport plain;
   ASSERT_TRUE(RunConcerto(p, cost, o, &plain).ok());
