@@ -194,12 +194,19 @@ void RenumberStream(RoleSearch& r, size_t s) {
 }
 
 /// Sorts each stream's ops by (start tick, topological position).
+/// The order of a stream: by start tick; at equal ticks ops of zero ticks
+/// first (they end where they start, so the other op is not delayed, while
+/// after it they would wait for it to end: the windows do not count them on
+/// their stream), then topological position.
+bool StreamBefore(const RoleSearch& r, int a, int b) {
+  return std::make_tuple(r.t[a], r.dur[a] > 0, r.topo[a]) < std::make_tuple(r.t[b], r.dur[b] > 0, r.topo[b]);
+}
+
 void SortStreams(RoleSearch& r) {
   r.order.assign(r.graph->streams.size(), {});
   r.pos.assign(r.graph->ops.size(), -1);
   for (size_t i = 0; i < r.graph->ops.size(); ++i) r.order[r.stream[i]].push_back(static_cast<int>(i));
-  for (auto& o : r.order)
-    std::sort(o.begin(), o.end(), [&](int a, int b) { return std::tie(r.t[a], r.topo[a]) < std::tie(r.t[b], r.topo[b]); });
+  for (auto& o : r.order) std::sort(o.begin(), o.end(), [&](int a, int b) { return StreamBefore(r, a, b); });
   for (size_t s = 0; s < r.order.size(); ++s) RenumberStream(r, s);
 }
 
@@ -210,7 +217,7 @@ void SortStreams(RoleSearch& r) {
 /// are, and the span between is the merge of its unchanged ops and the
 /// changed ops sorted by the same key (the same order SortStreams gives).
 void ResortChanged(RoleSearch& r, const std::vector<int>& changed) {
-  auto before = [&](int a, int b) { return std::tie(r.t[a], r.topo[a]) < std::tie(r.t[b], r.topo[b]); };
+  auto before = [&](int a, int b) { return StreamBefore(r, a, b); };
   std::vector<std::vector<int>> moved(r.order.size());
   for (int i : changed) moved[r.stream[i]].push_back(i);
   for (size_t s = 0; s < r.order.size(); ++s) {
