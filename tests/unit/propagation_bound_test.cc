@@ -139,6 +139,19 @@ Program RandomTwoStages(uint64_t seed) {
   return p;
 }
 
+/// One graph ("main", tensors by name) run by both ranks of a dp=2 mesh.
+Program OneGraphOnTwoRanks(const std::vector<std::string>& tensors, std::vector<Op> ops) {
+  Program p;
+  p.mesh.axes = {{"dp", 2}};
+  Graph g;
+  g.name = "main";
+  for (const std::string& t : tensors) g.tensors.push_back(T(t));
+  g.ops = std::move(ops);
+  p.graphs = {g};
+  p.roles = {{"spmd", "main", {0, 1}}};
+  return p;
+}
+
 /// The hand example: all-reduces A (10 us), B (1 us) and C (2 us, reads A's
 /// result) on the comm stream; compute D (13 us) reads A's result and, through
 /// two zero-duration reshapes Z1 -> Z2, B's (three edges from B to D: beyond
@@ -155,20 +168,13 @@ Program RandomTwoStages(uint64_t seed) {
 ///     comm    |B|A.........|C.|
 ///     compute   ...........|D............|   B 0-1, Z1 Z2 at 1, A 1-11, D 11-24
 Program HandExample() {
-  Program p;
-  p.mesh.axes = {{"dp", 2}};
-  Graph g;
-  g.name = "main";
-  g.tensors = {T("x"), T("a"), T("b"), T("c"), T("z1"), T("z2"), T("d")};
-  g.ops = {MakeOp(0, "A", OpKind::kCollective, "comm", {"x"}, {"a"}, 10),
-           MakeOp(1, "B", OpKind::kCollective, "comm", {"x"}, {"b"}, 1),
-           MakeOp(2, "C", OpKind::kCollective, "comm", {"a"}, {"c"}, 2),
-           MakeOp(3, "Z1", OpKind::kCompute, "compute", {"b"}, {"z1"}, 0),
-           MakeOp(4, "Z2", OpKind::kCompute, "compute", {"z1"}, {"z2"}, 0),
-           MakeOp(5, "D", OpKind::kCompute, "compute", {"a", "z2"}, {"d"}, 13)};
-  p.graphs = {g};
-  p.roles = {{"spmd", "main", {0, 1}}};
-  return p;
+  return OneGraphOnTwoRanks({"x", "a", "b", "c", "z1", "z2", "d"},
+                            {MakeOp(0, "A", OpKind::kCollective, "comm", {"x"}, {"a"}, 10),
+                             MakeOp(1, "B", OpKind::kCollective, "comm", {"x"}, {"b"}, 1),
+                             MakeOp(2, "C", OpKind::kCollective, "comm", {"a"}, {"c"}, 2),
+                             MakeOp(3, "Z1", OpKind::kCompute, "compute", {"b"}, {"z1"}, 0),
+                             MakeOp(4, "Z2", OpKind::kCompute, "compute", {"z1"}, {"z2"}, 0),
+                             MakeOp(5, "D", OpKind::kCompute, "compute", {"a", "z2"}, {"d"}, 13)});
 }
 
 /// The serial rule of the plain bound: D (13 us) reads the results of A
@@ -180,17 +186,9 @@ Program HandExample() {
 ///     comm    |B|A.........|
 ///     compute              |D............|   A, B 0-11, D 11-24 = optimum
 Program SerialExample() {
-  Program p;
-  p.mesh.axes = {{"dp", 2}};
-  Graph g;
-  g.name = "main";
-  g.tensors = {T("x"), T("a"), T("b"), T("d")};
-  g.ops = {MakeOp(0, "A", OpKind::kCollective, "comm", {"x"}, {"a"}, 10),
-           MakeOp(1, "B", OpKind::kCollective, "comm", {"x"}, {"b"}, 1),
-           MakeOp(2, "D", OpKind::kCompute, "compute", {"a", "b"}, {"d"}, 13)};
-  p.graphs = {g};
-  p.roles = {{"spmd", "main", {0, 1}}};
-  return p;
+  return OneGraphOnTwoRanks({"x", "a", "b", "d"}, {MakeOp(0, "A", OpKind::kCollective, "comm", {"x"}, {"a"}, 10),
+                                                   MakeOp(1, "B", OpKind::kCollective, "comm", {"x"}, {"b"}, 1),
+                                                   MakeOp(2, "D", OpKind::kCompute, "compute", {"a", "b"}, {"d"}, 13)});
 }
 
 PropagationBound MustBound(const Program& p, const CostModel& cost, PropagationBoundOptions o = {}) {
