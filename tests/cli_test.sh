@@ -27,8 +27,10 @@ check unknown_flag 2 "$BIN" simulate x.json --no-such-flag
 check unknown_scheduler 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --scheduler nope
 check missing_file 1 "$BIN" validate "$TMP/none.json"
 contains missing_file_names_it "$TMP/err" "none.json"
-check option_out_of_range 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference 99
-contains option_message "$TMP/err" "option --interference"
+check option_out_of_range 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference 99
+contains option_message "$TMP/err" "option --interference: 99 fraction is out of range [-1, 10]"
+check option_not_a_switch 2 "$BIN" schedule "$ROOT/tests/golden/overlap_fifo.json" --list-schedule 0.5 -o "$TMP/s.json"
+contains option_switch_message "$TMP/err" "option --list-schedule: 0.5 is not 0 or 1"
 check bad_cluster 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --cluster no-such-cluster
 check validate_golden 0 "$BIN" validate "$ROOT/tests/golden/send_recv.json"
 check simulate_json 0 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --scheduler fifo --json --trace "$TMP/t.json"

@@ -48,6 +48,8 @@ Status Options::Set(const std::string& name, double value) {
     if (!std::isfinite(value) || value < spec.min_value || value > spec.max_value)
       return Status::Error(fmt::format("option --{}: {} {} is out of range [{}, {}]", name, value, spec.unit,
                                        spec.min_value, spec.max_value));
+    if (spec.unit == "0/1" && value != 0 && value != 1)
+      return Status::Error(fmt::format("option --{}: {} is not 0 or 1", name, value));
     values_[name] = value;
     return Status::Ok();
   }

@@ -47,8 +47,14 @@ struct CommonFlags {
 
 void AddNumericOptions(CLI::App* cmd, CommonFlags& flags) {
   for (const auto& spec : OptionTable()) {
+    // Checked against the table while parsing: a value out of range is a
+    // usage error (exit 2), named with its bounds.
     cmd->add_option_function<double>(
-           "--" + spec.name, [&flags, name = spec.name](double v) { flags.numeric[name] = v; },
+           "--" + spec.name,
+           [&flags, name = spec.name](double v) {
+             if (Status s = Options().Set(name, v); !s.ok()) throw CLI::ValidationError(s.message());
+             flags.numeric[name] = v;
+           },
            fmt::format("{} [{}] (default {}, range {}..{})", spec.help, spec.unit, spec.default_value,
                        spec.min_value, spec.max_value))
         ->type_name("NUM");
