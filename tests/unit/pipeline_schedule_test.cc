@@ -202,8 +202,8 @@ const std::vector<std::string>& PipelinePlans() {
   return plans;
 }
 
-// The list schedule of every preset under every plan that lowers to a
-// pipeline passes the schedule verifier (sends and recvs pair, SPMD ranks of
+// The list schedule (free and in order) of every preset under every plan
+// that lowers to a pipeline passes the schedule verifier (sends and recvs pair, SPMD ranks of
 // a stage share one order) and runs to the end without deadlock.
 TEST(PipelineSchedule, ListScheduleVerifiesOnEveryPipelinePlan) {
   AnalyticCostModel cost = Cost();
@@ -214,12 +214,15 @@ TEST(PipelineSchedule, ListScheduleVerifiesOnEveryPipelinePlan) {
       if (!p.ok() || p->roles.size() < 2) continue;
       SCOPED_TRACE(model + " " + plan);
       ++pipelines;
-      Result<Schedule> list = CriticalPathListSchedule(*p, cost);
-      ASSERT_TRUE(list.ok()) << list.status().message();
-      const std::vector<std::string> v = VerifySchedule(*p, *list);
-      EXPECT_TRUE(v.empty()) << v.front();
-      Result<Timeline> t = Simulate({*p, *list}, cost);
-      EXPECT_TRUE(t.ok()) << t.status().message();
+      for (const bool in_order : {false, true}) {
+        SCOPED_TRACE(in_order ? "in order" : "free");
+        Result<Schedule> list = CriticalPathListSchedule(*p, cost, ListScheduleOptions{in_order});
+        ASSERT_TRUE(list.ok()) << list.status().message();
+        const std::vector<std::string> v = VerifySchedule(*p, *list);
+        EXPECT_TRUE(v.empty()) << v.front();
+        Result<Timeline> t = Simulate({*p, *list}, cost);
+        EXPECT_TRUE(t.ok()) << t.status().message();
+      }
     }
   }
   EXPECT_GE(pipelines, 8);  // the sweep is not vacuous
