@@ -193,7 +193,6 @@ void RenumberStream(RoleSearch& r, size_t s) {
   for (size_t k = 0; k < o.size(); ++k) r.pos[o[k]] = static_cast<int>(k);
 }
 
-/// Sorts each stream's ops by (start tick, topological position).
 /// The order of a stream: by start tick; at equal ticks ops of zero ticks
 /// first (they end where they start, so the other op is not delayed, while
 /// after it they would wait for it to end: the windows do not count them on
@@ -202,6 +201,7 @@ bool StreamBefore(const RoleSearch& r, int a, int b) {
   return std::make_tuple(r.t[a], r.dur[a] > 0, r.topo[a]) < std::make_tuple(r.t[b], r.dur[b] > 0, r.topo[b]);
 }
 
+/// Sorts each stream's ops by StreamBefore.
 void SortStreams(RoleSearch& r) {
   r.order.assign(r.graph->streams.size(), {});
   r.pos.assign(r.graph->ops.size(), -1);
@@ -663,7 +663,7 @@ class Search {
   void TryListSchedule() {
     if (!opts_.list_schedule) return;
     if (TotalOps(best_.sp.program) != TotalOps(program_))
-      TryListScheduleOf(best_.sp.program, "list+" + best_.name, "'" + best_.name + "''s program");
+      TryListScheduleOf(best_.sp.program, "list+" + best_.name, "the program of '" + best_.name + "'");
     TryListScheduleOf(program_, "list", "the input program");
   }
   static size_t TotalOps(const Program& p) {
