@@ -15,15 +15,6 @@
 namespace concerto {
 namespace {
 
-/// The representative (lowest rank) of each role with ranks, by rank.
-std::map<int, int> RepresentativeRoles(const Program& program) {
-  std::map<int, int> rep_role;  // rank -> role
-  for (size_t r = 0; r < program.roles.size(); ++r)
-    if (!program.roles[r].ranks.empty())
-      rep_role[*std::min_element(program.roles[r].ranks.begin(), program.roles[r].ranks.end())] = static_cast<int>(r);
-  return rep_role;
-}
-
 /// Every representative's ops as one node list: durations, streams (one id
 /// per role and stream), edges inside each role, the partner of each send
 /// and recv, and per send/recv the previous op of its key on its rank (so
@@ -140,32 +131,6 @@ Result<Priorities> ComputePriorities(const Joined& j) {
 }
 
 }  // namespace
-
-std::vector<std::vector<RoleOp>> PairSendRecv(const Program& program) {
-  std::vector<std::vector<RoleOp>> partner(program.roles.size());
-  for (size_t r = 0; r < program.roles.size(); ++r) partner[r].assign(program.GraphOf(program.roles[r]).ops.size(), {});
-  const std::map<int, int> rep_role = RepresentativeRoles(program);
-  std::map<std::tuple<int, int, int>, std::pair<std::vector<RoleOp>, std::vector<RoleOp>>> keys;  // (sends, recvs)
-  for (const auto& [rep, r] : rep_role) {
-    const Graph& g = program.GraphOf(program.roles[r]);
-    for (size_t i = 0; i < g.ops.size(); ++i) {
-      const Op& op = g.ops[i];
-      if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) continue;
-      const int peer = PeerRank(program.mesh, op.peer, rep);
-      if (!rep_role.count(peer)) continue;
-      const bool send = op.kind == OpKind::kSend;
-      auto& lists = keys[{send ? rep : peer, send ? peer : rep, op.tag}];
-      (send ? lists.first : lists.second).push_back({r, static_cast<int>(i)});
-    }
-  }
-  for (const auto& [key, lists] : keys)
-    for (size_t m = 0; m < std::min(lists.first.size(), lists.second.size()); ++m) {
-      const RoleOp s = lists.first[m], v = lists.second[m];
-      partner[s.role][s.op] = v;
-      partner[v.role][v.op] = s;
-    }
-  return partner;
-}
 
 Result<Schedule> CriticalPathListSchedule(const Program& program, const CostModel& cost,
                                           const ListScheduleOptions& options) {

@@ -70,7 +70,7 @@ TickModel ToTicks(const JoinedGraph& j, const std::vector<double>& head, const s
                   double tick_us) {
   TickModel m;
   const size_t n = j.dur.size();
-  const std::vector<int> partner = SendRecvPartners(j);
+  const std::vector<int>& partner = j.partner;
   std::map<std::string, int> stream_index;
   for (size_t i = 0; i < n; ++i) {
     const double dur_us = partner[i] >= 0 ? std::max(j.dur[i], j.dur[partner[i]]) : j.dur[i];

@@ -16,61 +16,72 @@
 
 namespace concerto {
 
-JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps) {
-  JoinedGraph j;
-  std::map<int, int> rep_role;  // representative rank -> role
+std::map<int, int> RepresentativeRoles(const Program& program) {
+  std::map<int, int> rep_role;  // rank -> role
   for (size_t r = 0; r < program.roles.size(); ++r)
     if (!program.roles[r].ranks.empty())
       rep_role[*std::min_element(program.roles[r].ranks.begin(), program.roles[r].ranks.end())] = static_cast<int>(r);
-  std::map<std::tuple<int, int, int>, int> key_index;
+  return rep_role;
+}
+
+std::vector<std::vector<RoleOp>> PairSendRecv(const Program& program) {
+  std::vector<std::vector<RoleOp>> partner(program.roles.size());
+  for (size_t r = 0; r < program.roles.size(); ++r) partner[r].assign(program.GraphOf(program.roles[r]).ops.size(), {});
+  const std::map<int, int> rep_role = RepresentativeRoles(program);
+  std::map<std::tuple<int, int, int>, std::pair<std::vector<RoleOp>, std::vector<RoleOp>>> keys;  // (sends, recvs)
   for (const auto& [rep, r] : rep_role) {
+    const Graph& g = program.GraphOf(program.roles[r]);
+    for (size_t i = 0; i < g.ops.size(); ++i) {
+      const Op& op = g.ops[i];
+      if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) continue;
+      const int peer = PeerRank(program.mesh, op.peer, rep);
+      if (!rep_role.count(peer)) continue;  // a peer not simulated: left unjoined (a relaxation)
+      const bool send = op.kind == OpKind::kSend;
+      auto& lists = keys[{send ? rep : peer, send ? peer : rep, op.tag}];
+      (send ? lists.first : lists.second).push_back({r, static_cast<int>(i)});
+    }
+  }
+  for (const auto& [key, lists] : keys)
+    for (size_t m = 0; m < std::min(lists.first.size(), lists.second.size()); ++m) {
+      const RoleOp s = lists.first[m], v = lists.second[m];
+      partner[s.role][s.op] = v;
+      partner[v.role][v.op] = s;
+    }
+  return partner;
+}
+
+JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps) {
+  JoinedGraph j;
+  std::vector<int> base(program.roles.size(), -1);  // per role: node of its op 0
+  for (const auto& [rep, r] : RepresentativeRoles(program)) {
     const Role& role = program.roles[r];
     Graph g = program.GraphOf(role);
     if (!control_deps)
       for (auto& op : g.ops) op.control_deps.clear();
     GraphIndex index = GraphIndex::Build(g);
     PriceContext ctx{g, index, program.mesh, rep};
-    const int base = static_cast<int>(j.dur.size());
+    base[r] = static_cast<int>(j.dur.size());
     for (size_t i = 0; i < g.ops.size(); ++i) {
       const Op& op = g.ops[i];
-      const int node = base + static_cast<int>(i);
       j.dur.push_back(cost.Price(op, ctx).duration_us);
       j.stream.push_back(role.name + "/" + op.stream);
       j.role.push_back(r);
       j.comm.push_back(op.IsComm() ? 1 : 0);
       j.preds.emplace_back();
-      for (int p : index.preds[i]) j.preds.back().push_back(base + p);
-      if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) continue;
-      const int peer = PeerRank(program.mesh, op.peer, rep);
-      if (!rep_role.count(peer)) continue;  // a peer not simulated: left unjoined (a relaxation)
-      const bool send = op.kind == OpKind::kSend;
-      auto [it, added] = key_index.emplace(std::make_tuple(send ? rep : peer, send ? peer : rep, op.tag),
-                                           static_cast<int>(j.keys.size()));
-      if (added) j.keys.emplace_back();
-      (send ? j.keys[it->second].first : j.keys[it->second].second).push_back(node);
+      for (int p : index.preds[i]) j.preds.back().push_back(base[r] + p);
     }
   }
   j.succs.assign(j.dur.size(), {});
   for (size_t i = 0; i < j.preds.size(); ++i)
     for (int p : j.preds[i]) j.succs[p].push_back(static_cast<int>(i));
+  j.partner.assign(j.dur.size(), -1);
+  const std::vector<std::vector<RoleOp>> partner_of = PairSendRecv(program);
+  for (size_t i = 0; i < j.dur.size(); ++i) {
+    const int r = j.role[i];
+    const RoleOp p = partner_of[r][static_cast<int>(i) - base[r]];
+    if (p.role >= 0) j.partner[i] = base[p.role] + p.op;
+  }
   return j;
-}
-
-/// Per node, the op a send or recv meets, or -1: the k-th send in program
-/// order on its key meets the k-th recv in program order. The schedule
-/// verifier makes this part of the machine model: the k-th send issued meets
-/// the k-th recv issued, and both ends must permute their ops on a key alike
-/// ("send/recv order differs"), so the pairing does not depend on the
-/// schedule. The keys' lists are filled in program order; an unmatched op
-/// (which the verifier rejects anyway) has no partner.
-std::vector<int> SendRecvPartners(const JoinedGraph& j) {
-  std::vector<int> partner(j.dur.size(), -1);
-  for (const auto& [sends, recvs] : j.keys)
-    for (size_t m = 0; m < std::min(sends.size(), recvs.size()); ++m) {
-      partner[sends[m]] = recvs[m];
-      partner[recvs[m]] = sends[m];
-    }
-  return partner;
 }
 
 namespace {
@@ -87,7 +98,7 @@ namespace {
 void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int rounds, std::vector<double>* head,
                    std::vector<double>* tail) {
   const size_t n = j.dur.size();
-  const std::vector<int> partner = SendRecvPartners(j);
+  const std::vector<int>& partner = j.partner;
   std::vector<int> stream_id(n);
   {
     std::map<std::string, int> ids;
@@ -152,7 +163,7 @@ LowerBound BoundOfJoinedGraph(const JoinedGraph& j, int roles, std::vector<doubl
   LowerBound lb;
   std::vector<int> topo = KahnOrder(j.preds, j.succs);
   assert(topo.size() == j.dur.size() && "a role's graph has a cycle");
-  for (const auto& k : j.keys) lb.send_recv_pairs_joined += static_cast<int>(std::min(k.first.size(), k.second.size()));
+  for (size_t i = 0; i < j.partner.size(); ++i) lb.send_recv_pairs_joined += j.partner[i] > static_cast<int>(i);
   // Each round carries heads (and tails) at least one stage further.
   HeadsAndTails(j, topo, 4 * roles + 8, head, tail);
   std::map<std::string, std::vector<int>> on;

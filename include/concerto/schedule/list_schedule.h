@@ -1,33 +1,19 @@
-// Scheduling over the joined graph of every role: the graphs of all roles'
-// representatives (the lowest rank of each role) joined where a send meets
-// its recv. Two uses: the send/recv pairing itself (the Concerto scheduler's
-// windows see when a recv's data really arrives), and a list schedule with
-// critical-path priorities (a starting point for the Concerto scheduler that
-// defers short tails, e.g. a pipeline's weight-gradient ops, into idle time).
+// A list schedule with critical-path priorities over the joined graph of
+// every role (the graphs of all roles' representatives, the lowest rank of
+// each role, joined where a send meets its recv: PairSendRecv in
+// sim/lower_bound.h): a starting point for the Concerto scheduler that defers
+// short tails, e.g. a pipeline's weight-gradient ops, into idle time.
 #pragma once
 
 #include <vector>
 
 #include "concerto/cost/cost_model.h"
 #include "concerto/schedule/schedule.h"
+#include "concerto/sim/lower_bound.h"
 #include "concerto/util/status.h"
 
 namespace concerto {
 
-/// An op of one role's graph: role index into Program::roles, op index into
-/// that role's graph ops. {-1, -1}: none.
-struct RoleOp {
-  int role = -1;
-  int op = -1;
-  bool operator==(const RoleOp&) const = default;
-};
-
-/// Per role, per op: the op a send or recv meets on another role's
-/// representative, or {-1, -1} (not a send/recv, or its peer is not a
-/// representative). The k-th send of a (source, destination, tag) key in
-/// program order meets the k-th recv of that key in program order (the
-/// schedule verifier holds every schedule to this pairing).
-std::vector<std::vector<RoleOp>> PairSendRecv(const Program& program);
 
 /// The critical-path list schedule of `program`. Priority of an op: the
 /// longest chain of nominal durations from its end to the end of the program

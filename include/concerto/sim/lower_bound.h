@@ -1,6 +1,7 @@
 // A lower bound on the makespan of any schedule of a program.
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -8,6 +9,25 @@
 #include "concerto/cost/cost_model.h"
 
 namespace concerto {
+
+/// An op of one role's graph: role index into Program::roles, op index into
+/// that role's graph ops. {-1, -1}: none.
+struct RoleOp {
+  int role = -1;
+  int op = -1;
+  bool operator==(const RoleOp&) const = default;
+};
+
+/// The representative (lowest rank) of each role with ranks: rank -> role.
+std::map<int, int> RepresentativeRoles(const Program& program);
+
+/// Per role, per op: the op a send or recv meets on another role's
+/// representative, or {-1, -1} (not a send/recv, or its peer is not a
+/// representative). The k-th send of a (source, destination, tag) key in
+/// program order meets the k-th recv of that key in program order (the
+/// schedule verifier holds every schedule to this pairing, so it does not
+/// depend on the schedule).
+std::vector<std::vector<RoleOp>> PairSendRecv(const Program& program);
 
 /// Every role's representative graph (its lowest rank) as one node list,
 /// nominal durations from the cost model, and the sends and recvs between
@@ -19,13 +39,10 @@ struct JoinedGraph {
   std::vector<int> role;             // index into Program::roles per node
   std::vector<char> comm;            // 1 for communication ops (Op::IsComm)
   std::vector<std::vector<int>> preds, succs;
-  std::vector<std::pair<std::vector<int>, std::vector<int>>> keys;  // (sends, recvs) in program order
+  std::vector<int> partner;          // the node a send or recv meets (PairSendRecv), or -1
 };
 /// The joined graph; with `control_deps` false only data edges count.
 JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps);
-/// Per node, the op a send or recv meets (the k-th send of a key with the
-/// k-th recv of the key, fixed by the machine model), or -1.
-std::vector<int> SendRecvPartners(const JoinedGraph& j);
 
 /// LB = max(critical path, busiest stream's total work, fill + work + drain
 /// of one stream), from undelayed op durations on each role's lowest rank.
