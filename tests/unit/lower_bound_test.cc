@@ -10,6 +10,7 @@
 #include "concerto/schedule/concerto_scheduler.h"
 #include "concerto/schedule/scheduler.h"
 #include "concerto/sim/simulator.h"
+#include "baseline_runs_util.h"
 
 namespace concerto {
 namespace {
@@ -91,32 +92,24 @@ TEST(LowerBoundTest, NoScheduleBeatsItOnTheFrontendsWorkloads) {
       {"llama-tiny", "dp=2,tp=2,sp"},     {"llama-tiny", "pp=2,tp=2,microbatches=3"},
       {"evoformer-tiny", "dp=2,dap=2"},
   };
-  for (const std::string cluster : {"a800-4x8", "commodity-4x8"}) {
-    AnalyticCostModel cost = Cost(cluster);
-    for (const auto& [model, plan] : workloads) {
-      SCOPED_TRACE(model + " " + plan + " on " + cluster);
-      Result<Program> p = LowerModelPlan(model, plan);
-      ASSERT_TRUE(p.ok()) << p.status().message();
-      for (const std::string& name : BaselineNames()) {
-        Result<ScheduledProgram> sp = RunBaseline(name, *p, cost);
-        ASSERT_TRUE(sp.ok()) << name << ": " << sp.status().message();
+  testing::ForEachBaselineRun(
+      workloads,
+      [](const std::string& name, const ScheduledProgram& sp, const Timeline& t, const CostModel& cost) {
+        EXPECT_GE(t.makespan_us, ComputeLowerBound(sp.program, cost).lower_bound_us * (1 - 1e-9)) << name;
+        EXPECT_GE(t.makespan_us, ComputeLowerBound(sp.program, cost, false).lower_bound_us * (1 - 1e-9)) << name;
+      },
+      [](const Program& p, const CostModel& cost) {
+        ConcertoOptions o;
+        o.rounds = 1;
+        o.block_ops = 60;
+        o.window_fail_limit = 20;
+        ConcertoReport report;
+        Result<ScheduledProgram> sp = RunConcerto(p, cost, o, &report);
+        ASSERT_TRUE(sp.ok()) << sp.status().message();
         Result<Timeline> t = Simulate(*sp, cost);
-        ASSERT_TRUE(t.ok()) << name << ": " << t.status().message();
-        EXPECT_GE(t->makespan_us, ComputeLowerBound(sp->program, cost).lower_bound_us * (1 - 1e-9)) << name;
-        EXPECT_GE(t->makespan_us, ComputeLowerBound(sp->program, cost, false).lower_bound_us * (1 - 1e-9)) << name;
-      }
-      ConcertoOptions o;
-      o.rounds = 1;
-      o.block_ops = 60;
-      o.window_fail_limit = 20;
-      ConcertoReport report;
-      Result<ScheduledProgram> sp = RunConcerto(*p, cost, o, &report);
-      ASSERT_TRUE(sp.ok()) << sp.status().message();
-      Result<Timeline> t = Simulate(*sp, cost);
-      ASSERT_TRUE(t.ok());
-      EXPECT_GE(t->makespan_us, ComputeLowerBound(sp->program, cost).lower_bound_us * (1 - 1e-9)) << "concerto";
-    }
-  }
+        ASSERT_TRUE(t.ok());
+        EXPECT_GE(t->makespan_us, ComputeLowerBound(sp->program, cost).lower_bound_us * (1 - 1e-9)) << "concerto";
+      });
 }
 
 }  // namespace
