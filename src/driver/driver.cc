@@ -125,20 +125,17 @@ SimOptions ToSimOptions(const Options& options) {
   return s;
 }
 
-/// Raises the summary's bound to the propagation bound of `program`
-/// (schedule/propagation_bound.h, searched up to the run's makespan) and to
-/// the interference bound of the simulation (sim/lower_bound.h). A makespan
-/// below the bound is a broken invariant: both are proven.
-Status AddStrongerBounds(const Program& program, const CostModel& cost, const SimOptions& sim, Summary* summary) {
+/// Raises the summary's bound (plain and interference terms, from
+/// Summarize) to the propagation bound of `program`
+/// (schedule/propagation_bound.h, searched up to the run's makespan). A
+/// makespan below the bound is a broken invariant: every term is proven.
+Status AddPropagationBound(const Program& program, const CostModel& cost, Summary* summary) {
   PropagationBoundOptions o;
   o.upper_bound_us = summary->makespan_us;
   Result<PropagationBound> b = ComputePropagationBound(program, cost, o);
   if (!b.ok()) return b.status();
   summary->bound.propagation_us = b->bound_us;
-  summary->bound.interference_us =
-      InterferenceBoundUs(program, cost, sim.interference >= 0 ? sim.interference : cost.cluster().interference);
-  summary->bound.lower_bound_us =
-      std::max({summary->bound.lower_bound_us, b->bound_us, summary->bound.interference_us});
+  summary->bound.lower_bound_us = std::max(summary->bound.lower_bound_us, b->bound_us);
   assert(summary->makespan_us >= summary->bound.lower_bound_us * (1 - 1e-9) && "a schedule beats the lower bound");
   return Status::Ok();
 }
@@ -160,8 +157,9 @@ Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Opt
   Result<Timeline> timeline = Simulate(sp, cost, ToSimOptions(options), indexes);
   if (!timeline.ok()) return timeline.status();
   RunResult run{std::move(sp), std::move(timeline).value(), {}, std::nullopt, std::nullopt};
-  run.summary = Summarize(run.scheduled, run.timeline, cost);
-  CONCERTO_RETURN_IF_ERROR(AddStrongerBounds(run.scheduled.program, cost, ToSimOptions(options), &run.summary));
+  const double f = ToSimOptions(options).interference;
+  run.summary = Summarize(run.scheduled, run.timeline, cost, f >= 0 ? f : cost.cluster().interference);
+  CONCERTO_RETURN_IF_ERROR(AddPropagationBound(run.scheduled.program, cost, &run.summary));
   return run;
 }
 

@@ -68,12 +68,12 @@ std::map<std::string, std::map<int, double>> ExposedCommByOp(const ScheduledProg
   return exposed;
 }
 
-Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const CostModel& cost) {
+Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const CostModel& cost, double interference) {
   const Program& p = sp.program;
   Summary s;
   s.scheduler = sp.schedule.scheduler;
   s.makespan_us = timeline.makespan_us;
-  s.bound = ComputeLowerBound(p, cost, /*control_deps=*/false);
+  s.bound = ComputeLowerBound(p, cost, /*control_deps=*/false, interference);
   s.ranks_simulated = static_cast<int>(timeline.ranks.size());
   s.representative = timeline.representative;
   s.costs = SummarizeCosts(p, cost);

@@ -46,8 +46,11 @@ struct Summary {
   int critical_path_ops = 0;
 };
 
-/// Figures of one simulated (or measured) run.
-Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const CostModel& cost);
+/// Figures of one simulated (or measured) run. With `interference` > 0 (the
+/// compute slowdown the timeline was simulated with) the bound also carries
+/// the interference term, from the same joined graph as the plain terms.
+Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const CostModel& cost,
+                  double interference = 0);
 /// Exposed time (running while its rank computes nothing) of every
 /// communication op, per graph name and op id, the largest over the
 /// simulated ranks that run the graph.

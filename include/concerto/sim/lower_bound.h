@@ -68,8 +68,9 @@ struct LowerBound {
   /// The destructive (constraint propagation) bound when one was computed
   /// (schedule/propagation_bound.h; the driver fills it in), else 0.
   double propagation_us = 0;
-  /// The interference bound when one was computed (InterferenceBoundUs;
-  /// the driver fills it in with the simulation's interference), else 0.
+  /// The interference bound when one was computed (the overload of
+  /// ComputeLowerBound with an interference; Summarize passes the
+  /// simulation's), else 0.
   double interference_us = 0;
   /// max(critical path, stream load, fill + work + drain, propagation,
   /// interference).
