@@ -3,6 +3,7 @@
 #include "concerto/schedule/list_schedule.h"
 
 #include <algorithm>
+#include <cassert>
 #include <map>
 #include <queue>
 #include <set>
@@ -32,15 +33,20 @@ struct Joined {
   int num_streams = 0;
 };
 
+/// Durations, edges (data and control) and partners come from the lower
+/// bound's joined graph (sim/lower_bound.h), whose nodes are in the same
+/// order: representatives by rank, each role's ops in program order.
 Joined BuildJoined(const Program& program, const CostModel& cost) {
   Joined j;
-  const std::vector<std::vector<RoleOp>> partner_of = PairSendRecv(program);
+  JoinedGraph jg = BuildJoinedGraph(program, cost, /*control_deps=*/true);
+  j.dur_us = std::move(jg.dur);
+  j.preds = std::move(jg.preds);
+  j.succs = std::move(jg.succs);
+  j.partner = std::move(jg.partner);
   j.base.assign(program.roles.size(), -1);
   j.stream_base.assign(program.roles.size(), 0);
   for (const auto& [rep, r] : RepresentativeRoles(program)) {
     const Graph& g = program.GraphOf(program.roles[r]);
-    const GraphIndex index = GraphIndex::Build(g);
-    const PriceContext ctx{g, index, program.mesh, rep};
     const int base = static_cast<int>(j.at.size());
     j.base[r] = base;
     j.stream_base[r] = j.num_streams;
@@ -50,11 +56,8 @@ Joined BuildJoined(const Program& program, const CostModel& cost) {
       const Op& op = g.ops[i];
       const int node = base + static_cast<int>(i);
       j.at.push_back({r, static_cast<int>(i)});
-      j.dur_us.push_back(cost.Price(op, ctx).duration_us);
       const auto s = std::find(g.streams.begin(), g.streams.end(), op.stream) - g.streams.begin();
       j.stream.push_back(j.stream_base[r] + static_cast<int>(s));
-      j.preds.emplace_back();
-      for (int p : index.preds[i]) j.preds.back().push_back(base + p);
       j.key_prev.push_back(-1);
       j.key_next.push_back(-1);
       j.is_send.push_back(op.kind == OpKind::kSend);
@@ -66,14 +69,7 @@ Joined BuildJoined(const Program& program, const CostModel& cost) {
       it->second = node;
     }
   }
-  j.succs.assign(j.at.size(), {});
-  for (size_t i = 0; i < j.preds.size(); ++i)
-    for (int p : j.preds[i]) j.succs[p].push_back(static_cast<int>(i));
-  j.partner.assign(j.at.size(), -1);
-  for (size_t i = 0; i < j.at.size(); ++i) {
-    const RoleOp p = partner_of[j.at[i].role][j.at[i].op];
-    if (p.role >= 0 && p.role != j.at[i].role && j.base[p.role] >= 0) j.partner[i] = j.base[p.role] + p.op;
-  }
+  assert(j.at.size() == j.dur_us.size() && "the joined graph's nodes are the representatives' ops");
   return j;
 }
 
