@@ -11,6 +11,7 @@
 #include "concerto/schedule/scheduler.h"
 #include "concerto/sim/simulator.h"
 #include "baseline_runs_util.h"
+#include "test_ops_util.h"
 
 namespace concerto {
 namespace {
@@ -30,34 +31,21 @@ AnalyticCostModel Cost(const std::string& name = "a800-4x8") { return AnalyticCo
 Program TwoStagePipeline() {
   Program p;
   p.mesh.axes = {{"pp", 2}};
-  auto tensor = [](const std::string& name) { return Tensor{name, {4}, DType::kF32, {{}}, {}}; };
-  auto op = [](int id, const std::string& name, OpKind kind, const std::string& stream, std::vector<std::string> in,
-               std::vector<std::string> out, double us) {
-    Op o;
-    o.id = id;
-    o.name = name;
-    o.kind = kind;
-    o.stream = stream;
-    o.inputs = std::move(in);
-    o.outputs = std::move(out);
-    o.duration_us = us;
-    if (kind == OpKind::kCompute) o.compute_type = ComputeType::kScale;
-    if (kind != OpKind::kCompute) o.message_bytes = 16;
-    return o;
-  };
+  using testing::MakeOp;
+  using testing::T;
   Graph g0;
   g0.name = "stage0";
-  g0.tensors = {tensor("x"), tensor("a")};
-  g0.ops = {op(0, "A", OpKind::kCompute, "compute", {"x"}, {"a"}, 10),
-            op(1, "S", OpKind::kSend, "comm", {"a"}, {}, 5)};
+  g0.tensors = {T("x"), T("a")};
+  g0.ops = {MakeOp(0, "A", OpKind::kCompute, "compute", {"x"}, {"a"}, 10),
+            MakeOp(1, "S", OpKind::kSend, "comm", {"a"}, {}, 5)};
   g0.ops[1].peer.axis = "pp";
   g0.ops[1].peer.offset = 1;
   Graph g1;
   g1.name = "stage1";
-  g1.tensors = {tensor("y"), tensor("r"), tensor("b"), tensor("c")};
-  g1.ops = {op(0, "R", OpKind::kRecv, "comm", {}, {"r"}, 5),
-            op(1, "C", OpKind::kCompute, "compute", {"y"}, {"c"}, 10),
-            op(2, "B", OpKind::kCompute, "compute", {"r"}, {"b"}, 10)};
+  g1.tensors = {T("y"), T("r"), T("b"), T("c")};
+  g1.ops = {MakeOp(0, "R", OpKind::kRecv, "comm", {}, {"r"}, 5),
+            MakeOp(1, "C", OpKind::kCompute, "compute", {"y"}, {"c"}, 10),
+            MakeOp(2, "B", OpKind::kCompute, "compute", {"r"}, {"b"}, 10)};
   g1.ops[0].peer.axis = "pp";
   g1.ops[0].peer.offset = -1;
   p.graphs = {g0, g1};

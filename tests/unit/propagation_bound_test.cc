@@ -12,6 +12,7 @@
 
 #include "baseline_runs_util.h"
 #include "brute_force_util.h"
+#include "test_ops_util.h"
 #include "concerto/cost/cluster.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/frontend.h"
@@ -26,23 +27,8 @@ using testing::BruteForceOptimum;
 
 AnalyticCostModel Cost(const std::string& name = "a800-4x8") { return AnalyticCostModel(LoadCluster(name).value()); }
 
-Tensor T(const std::string& name) { return Tensor{name, {4}, DType::kF32, {{}}, {}}; }
-
-Op MakeOp(int id, const std::string& name, OpKind kind, const std::string& stream, std::vector<std::string> in,
-          std::vector<std::string> out, double us) {
-  Op o;
-  o.id = id;
-  o.name = name;
-  o.kind = kind;
-  o.stream = stream;
-  o.inputs = std::move(in);
-  o.outputs = std::move(out);
-  o.duration_us = us;
-  if (kind == OpKind::kCompute) o.compute_type = o.inputs.size() == 2 ? ComputeType::kAdd : ComputeType::kScale;
-  if (kind == OpKind::kCollective) o.group.axes = {"dp"};
-  if (kind != OpKind::kCompute) o.message_bytes = 16;
-  return o;
-}
+using testing::MakeOp;
+using testing::T;
 
 /// A random duration: mostly whole microseconds, some fractional (the model
 /// rounds down to ticks), a few zero.
