@@ -1,6 +1,7 @@
 // The analytic cost model: roofline compute and alpha-beta collectives.
 // Formulas and their sources: docs/cost-model.md.
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <cmath>
 #include <map>
@@ -86,69 +87,126 @@ GroupLayout Layout(const ClusterSpec& cluster, const std::vector<int>& group_ran
   return g;
 }
 
+/// A transfer of `us` microseconds on the intra-node (or inter-node) link.
+CommTime OnLink(double latency_us, double us, bool intra) {
+  CommTime t;
+  t.latency_us = latency_us;
+  (intra ? t.intra_us : t.inter_us) = us;
+  return t;
+}
+
+/// Phases run one after the other.
+CommTime Then(const CommTime& a, const CommTime& b) {
+  CommTime t;
+  t.latency_us = a.latency_us + b.latency_us;
+  t.intra_us = a.intra_us + b.intra_us;
+  t.inter_us = a.inter_us + b.inter_us;
+  assert(!a.parallel && !b.parallel && "only ring phases are chained");
+  return t;
+}
+
 /// Ring (or, for broadcast, pipelined chain) time of `type` over `n` ranks on
-/// `link`, with `bytes` the per-rank input buffer. nccl-tests bus-bandwidth factors.
-double RingUs(CollectiveType type, int n, double bytes, const LinkSpec& link) {
-  if (n <= 1) return 0;
+/// `link`, with `bytes` the per-rank input buffer. nccl-tests bus-bandwidth
+/// factors. `intra`: which link class `link` is.
+CommTime RingTime(CollectiveType type, int n, double bytes, const LinkSpec& link, bool intra) {
+  if (n <= 1) return {};
   const double a = link.latency_us;
   const double steps = n - 1;
   switch (type) {
     case CollectiveType::kAllReduce:
-      return 2 * steps * a + TransferUs(2 * steps / n * bytes, link.bandwidth_gbps);
+      return OnLink(2 * steps * a, TransferUs(2 * steps / n * bytes, link.bandwidth_gbps), intra);
     case CollectiveType::kReduceScatter:
     case CollectiveType::kAllToAll:
-      return steps * a + TransferUs(steps / n * bytes, link.bandwidth_gbps);
+      return OnLink(steps * a, TransferUs(steps / n * bytes, link.bandwidth_gbps), intra);
     case CollectiveType::kAllGather:  // output = n x input; each rank receives n-1 inputs
-      return steps * a + TransferUs(steps * bytes, link.bandwidth_gbps);
+      return OnLink(steps * a, TransferUs(steps * bytes, link.bandwidth_gbps), intra);
     case CollectiveType::kBroadcast:
-      return steps * a + TransferUs(bytes, link.bandwidth_gbps);
+      return OnLink(steps * a, TransferUs(bytes, link.bandwidth_gbps), intra);
   }
-  return 0;
+  return {};
 }
 
 /// Tree all-reduce: reduce up and broadcast down a binary tree, pipelined:
 /// 2 ceil(log2 n) alpha + 2 S / B.
-double TreeAllReduceUs(int n, double bytes, const LinkSpec& link) {
-  if (n <= 1) return 0;
+CommTime TreeAllReduceTime(int n, double bytes, const LinkSpec& link, bool intra) {
+  if (n <= 1) return {};
   const double depth = std::ceil(std::log2(static_cast<double>(n)));
-  return 2 * depth * link.latency_us + TransferUs(2 * bytes, link.bandwidth_gbps);
+  return OnLink(2 * depth * link.latency_us, TransferUs(2 * bytes, link.bandwidth_gbps), intra);
 }
 
 /// Two-level time of `type` for a group spanning several nodes with several
 /// ranks on some of them (docs/cost-model.md, "Hierarchical").
-double HierarchicalUs(CollectiveType type, const GroupLayout& g, double bytes,
-                      const ClusterSpec& cluster) {
+CommTime HierarchicalTime(CollectiveType type, const GroupLayout& g, double bytes,
+                          const ClusterSpec& cluster) {
   const LinkSpec& intra = cluster.intra_node;
   const LinkSpec& inter = cluster.inter_node;
   const int local = g.max_local;                   // intra phases: the fullest node
   const double shard = bytes / std::max(1, g.min_local);  // inter phase: the largest shard
   switch (type) {
     case CollectiveType::kAllReduce:
-      return RingUs(CollectiveType::kReduceScatter, local, bytes, intra) +
-             RingUs(CollectiveType::kAllReduce, g.nodes, shard, inter) +
-             RingUs(CollectiveType::kAllGather, local, bytes / local, intra);
+      return Then(Then(RingTime(CollectiveType::kReduceScatter, local, bytes, intra, true),
+                       RingTime(CollectiveType::kAllReduce, g.nodes, shard, inter, false)),
+                  RingTime(CollectiveType::kAllGather, local, bytes / local, intra, true));
     case CollectiveType::kReduceScatter:
-      return RingUs(CollectiveType::kReduceScatter, local, bytes, intra) +
-             RingUs(CollectiveType::kReduceScatter, g.nodes, shard, inter);
+      return Then(RingTime(CollectiveType::kReduceScatter, local, bytes, intra, true),
+                  RingTime(CollectiveType::kReduceScatter, g.nodes, shard, inter, false));
     case CollectiveType::kAllGather:
-      return RingUs(CollectiveType::kAllGather, g.nodes, bytes, inter) +
-             RingUs(CollectiveType::kAllGather, local, bytes * g.nodes, intra);
+      return Then(RingTime(CollectiveType::kAllGather, g.nodes, bytes, inter, false),
+                  RingTime(CollectiveType::kAllGather, local, bytes * g.nodes, intra, true));
     case CollectiveType::kAllToAll: {
       // Each rank sends bytes/n to every peer; local and remote peers are
-      // served at once over separate links, so the slower part decides.
+      // served at once over separate links, so the slower part decides
+      // (latency and transfer of each part: the part with the larger total).
       const double n = g.ranks;
-      const double intra_us =
-          (local - 1) * intra.latency_us + TransferUs((local - 1) / n * bytes, intra.bandwidth_gbps);
+      const double intra_lat = (local - 1) * intra.latency_us;
+      const double intra_us = TransferUs((local - 1) / n * bytes, intra.bandwidth_gbps);
       const double remote = g.ranks - g.min_local;
-      const double inter_us =
-          remote * inter.latency_us + TransferUs(remote / n * bytes, inter.bandwidth_gbps);
-      return std::max(intra_us, inter_us);
+      const double inter_lat = remote * inter.latency_us;
+      const double inter_us = TransferUs(remote / n * bytes, inter.bandwidth_gbps);
+      CommTime t;
+      t.parallel = true;
+      const bool inter_decides = inter_lat + inter_us >= intra_lat + intra_us;
+      t.latency_us = inter_decides ? inter_lat : intra_lat;
+      // The transfer that decides runs the whole transfer time; the other
+      // fits beside it (its share of the time is its own transfer's).
+      const double total = std::max(intra_lat + intra_us, inter_lat + inter_us);
+      t.intra_us = inter_decides ? std::min(intra_us, total - t.latency_us) : total - t.latency_us;
+      t.inter_us = inter_decides ? total - t.latency_us : std::min(inter_us, total - t.latency_us);
+      return t;
     }
     case CollectiveType::kBroadcast:
-      return RingUs(CollectiveType::kBroadcast, g.nodes, bytes, inter) +
-             RingUs(CollectiveType::kBroadcast, local, bytes, intra);
+      return Then(RingTime(CollectiveType::kBroadcast, g.nodes, bytes, inter, false),
+                  RingTime(CollectiveType::kBroadcast, local, bytes, intra, true));
   }
-  return 0;
+  return {};
+}
+
+/// The shape of a matmul as cuBLAS sees it: (batch, m, n, k). A 2-D right
+/// operand folds every leading dim of the left one into m. nullopt when a
+/// tensor does not resolve or the shapes do not fit together.
+std::optional<std::array<int64_t, 4>> GemmShape(const Op& op, const PriceContext& ctx) {
+  if (op.inputs.size() < 2 || op.outputs.empty()) return std::nullopt;
+  auto tensor = [&](const std::string& name) -> const Tensor* {
+    auto it = ctx.index.tensor.find(name);
+    if (it == ctx.index.tensor.end() || it->second < 0 ||
+        it->second >= static_cast<int>(ctx.graph.tensors.size()))
+      return nullptr;
+    return &ctx.graph.tensors[it->second];
+  };
+  const Tensor* a = tensor(op.inputs[0]);
+  const Tensor* b = tensor(op.inputs[1]);
+  const Tensor* c = tensor(op.outputs[0]);
+  if (!a || !b || !c || a->shape.size() < 2 || b->shape.size() < 2 || c->shape.size() < 2) return std::nullopt;
+  const bool ta = op.Attr("transpose_a", 0) != 0;
+  const int64_t k = ta ? a->shape[a->shape.size() - 2] : a->shape.back();
+  const int64_t n = c->shape.back();
+  int64_t batch = 1, m = 1;
+  for (size_t d = 0; d + 1 < c->shape.size(); ++d) {
+    if (b->shape.size() == 2 || d + 2 == c->shape.size()) m *= c->shape[d];
+    else batch *= c->shape[d];
+  }
+  if (batch < 1 || m < 1 || n < 1 || k < 1) return std::nullopt;
+  return std::array<int64_t, 4>{batch, m, n, k};
 }
 
 /// The op's explicit duration when it is usable (finite, non-negative).
@@ -170,7 +228,8 @@ std::string_view ToString(CostSource source) {
 }
 
 PricedOp AnalyticCostModel::Price(const Op& op, const PriceContext& ctx) const {
-  if (auto us = ExplicitUs(op)) return {*us, CostSource::kExplicit};
+  if (auto us = ExplicitUs(op))
+    return {*us, CostSource::kExplicit, op.IsComm() ? LoadOf(CommTimeOf(op, ctx), *us) : LinkLoad{}};
   double us = 0;
   switch (op.kind) {
     case OpKind::kCompute:
@@ -178,15 +237,67 @@ PricedOp AnalyticCostModel::Price(const Op& op, const PriceContext& ctx) const {
       us = ComputeUs(op, ctx);
       break;
     case OpKind::kCollective:
-      us = CollectiveUs(op.collective, op.message_bytes, GroupRanks(ctx.mesh, op.group, ctx.rank));
-      break;
     case OpKind::kSend:
-    case OpKind::kRecv:
-      us = SendRecvUs(op.message_bytes, ctx.rank, PeerRank(ctx.mesh, op.peer, ctx.rank));
-      break;
+    case OpKind::kRecv: {
+      const CommTime t = CommTimeOf(op, ctx);
+      us = t.TotalUs();
+      assert(std::isfinite(us) && us >= 0 && "analytic duration must be finite and non-negative");
+      return {us, CostSource::kAnalytic, LoadOf(t, us)};
+    }
   }
   assert(std::isfinite(us) && us >= 0 && "analytic duration must be finite and non-negative");
-  return {us, CostSource::kAnalytic};
+  return {us, CostSource::kAnalytic, {}};
+}
+
+CommTime AnalyticCostModel::CommTimeOf(const Op& op, const PriceContext& ctx) const {
+  if (op.kind == OpKind::kCollective)
+    return CollectiveTime(op.collective, op.message_bytes, GroupRanks(ctx.mesh, op.group, ctx.rank));
+  assert((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) && "not a communication op");
+  return SendRecvTime(op.message_bytes, ctx.rank, PeerRank(ctx.mesh, op.peer, ctx.rank));
+}
+
+LinkLoad AnalyticCostModel::LoadOf(const CommTime& t, double duration_us) const {
+  LinkLoad load;
+  const double transfer = t.TransferUs();
+  if (!(transfer > 0) || !(duration_us > 0)) return load;  // latency only: loads no link
+  load.latency_us = std::min(t.latency_us, duration_us);
+  load.intra = std::min(1.0, t.intra_us / transfer);
+  load.inter = std::min(1.0, t.inter_us / transfer);
+  if (cluster_.topology.network_crosses_intra_link && load.inter > 0)
+    load.intra = std::min(1.0, load.intra + load.inter * cluster_.inter_node.bandwidth_gbps /
+                                                cluster_.intra_node.bandwidth_gbps);
+  return load;
+}
+
+double AnalyticCostModel::GemmShapeFactor(int64_t batch, int64_t m, int64_t n, int64_t k) const {
+  const DeviceSpec& d = cluster_.device;
+  if (d.sm_count <= 0) return 1;
+  // CTA tiles cuBLAS chooses among, with each tile's throughput relative to
+  // the largest (smaller tiles reuse each loaded byte less); inferred, see
+  // docs/cost-model.md.
+  struct Tile {
+    int64_t m, n;
+    double relative;
+  };
+  static constexpr Tile kTiles[] = {{256, 128, 1.0}, {128, 256, 1.0}, {128, 128, 0.9}, {128, 64, 0.8}, {64, 64, 0.65}};
+  auto raw = [&](double bt, double mm, double nn, double kk) {
+    double best = 0;
+    for (const Tile& t : kTiles) {
+      const double tm = std::ceil(mm / t.m), tn = std::ceil(nn / t.n);
+      const double tiles = bt * tm * tn;
+      const double waves = std::ceil(tiles / d.sm_count);
+      const double wave_eff = tiles / (waves * d.sm_count);
+      const double pad_eff = (mm * nn) / (tm * t.m * tn * t.n);
+      best = std::max(best, t.relative * wave_eff * pad_eff);
+    }
+    return best * kk / (kk + d.gemm_ramp_k);
+  };
+  // Normalised so that the large square GEMM matmul_efficiency was measured on is 1.
+  static constexpr double kRef = 8192;
+  const double f = raw(static_cast<double>(batch), static_cast<double>(m), static_cast<double>(n),
+                       static_cast<double>(k)) /
+                   raw(1, kRef, kRef, kRef);
+  return std::clamp(f, 1e-3, 1.0);
 }
 
 double AnalyticCostModel::ComputeUs(const Op& op, const PriceContext& ctx) const {
@@ -194,37 +305,38 @@ double AnalyticCostModel::ComputeUs(const Op& op, const PriceContext& ctx) const
   const double flops = op.kind == OpKind::kCopy ? 0 : Amount(op.flops);
   const double bytes = Amount(op.bytes);
   if (flops == 0 && bytes == 0) return 0;  // no kernel runs (a marker, a view)
-  const double eff = UsesMatmulEfficiency(op.compute_type) && op.kind == OpKind::kCompute
-                         ? d.matmul_efficiency
-                         : d.vector_efficiency;
+  double eff = UsesMatmulEfficiency(op.compute_type) && op.kind == OpKind::kCompute
+                   ? d.matmul_efficiency
+                   : d.vector_efficiency;
+  if (op.kind == OpKind::kCompute && op.compute_type == ComputeType::kMatmul)
+    if (auto s = GemmShape(op, ctx)) eff *= GemmShapeFactor((*s)[0], (*s)[1], (*s)[2], (*s)[3]);
   const double flops_us = FlopsUs(flops, PeakTflops(d, PricingDType(op, ctx)) * eff);
   const double memory_us = TransferUs(bytes, d.memory_bandwidth_gbps * d.memory_efficiency);
   return std::max(flops_us, memory_us) + d.launch_overhead_us;
 }
 
-double AnalyticCostModel::CollectiveUs(CollectiveType type, int64_t bytes,
-                                       const std::vector<int>& group_ranks) const {
+CommTime AnalyticCostModel::CollectiveTime(CollectiveType type, int64_t bytes,
+                                           const std::vector<int>& group_ranks) const {
   const GroupLayout g = Layout(cluster_, group_ranks);
-  if (g.ranks <= 1) return cluster_.device.launch_overhead_us;  // a local copy at most
+  if (g.ranks <= 1) return {cluster_.device.launch_overhead_us, 0, 0, false};  // a local copy at most
   const double s = static_cast<double>(std::max<int64_t>(bytes, 0));
   const std::string& algo = cluster_.collective_algorithm;
   assert((algo == "auto" || algo == "ring" || algo == "tree" || algo == "hierarchical") &&
          "collective_algorithm not validated (ValidateCluster)");
   const bool one_node = g.nodes == 1;
   const LinkSpec& link = one_node ? cluster_.intra_node : cluster_.inter_node;
-  if (algo == "tree" && type == CollectiveType::kAllReduce) return TreeAllReduceUs(g.ranks, s, link);
-  if (algo == "ring" || algo == "tree" || one_node || g.max_local == 1)
-    return RingUs(type, g.ranks, s, link);
-  return HierarchicalUs(type, g, s, cluster_);  // auto, hierarchical
+  if (algo == "tree" && type == CollectiveType::kAllReduce) return TreeAllReduceTime(g.ranks, s, link, one_node);
+  if (algo == "ring" || algo == "tree" || one_node || g.max_local == 1) return RingTime(type, g.ranks, s, link, one_node);
+  return HierarchicalTime(type, g, s, cluster_);  // auto, hierarchical
 }
 
-double AnalyticCostModel::SendRecvUs(int64_t bytes, int from_rank, int to_rank) const {
+CommTime AnalyticCostModel::SendRecvTime(int64_t bytes, int from_rank, int to_rank) const {
   // A peer off the mesh (to_rank < 0) is priced over the slower inter-node link.
   const bool same_node =
       from_rank >= 0 && to_rank >= 0 && cluster_.NodeOf(from_rank) == cluster_.NodeOf(to_rank);
   const LinkSpec& link = same_node ? cluster_.intra_node : cluster_.inter_node;
-  return link.latency_us + TransferUs(static_cast<double>(std::max<int64_t>(bytes, 0)),
-                                      link.bandwidth_gbps);
+  return OnLink(link.latency_us, TransferUs(static_cast<double>(std::max<int64_t>(bytes, 0)), link.bandwidth_gbps),
+                same_node);
 }
 
 Status CheckMeshFitsCluster(const Mesh& mesh, const ClusterSpec& cluster) {

@@ -39,10 +39,13 @@ ClusterSpec A800Preset() {
   c.device.vector_efficiency = 0.125;  // CUDA-core bf16 rate / tensor-core peak (inferred)
   c.device.memory_efficiency = 0.85;   // low end of 85-90% of HBM
   c.device.launch_overhead_us = 4;     // inferred
+  c.device.sm_count = 108;             // GA100 as in the A100 SXM (A800 datasheet)
   c.intra_node = {185, 1.1};   // nccl-tests busbw 155-215 GB/s, midpoint; NCCL LL ring alpha
   c.inter_node = {11.25, 3.8};  // 90 GB/s achieved of 100 GB/s per node, / 8 devices
   c.collective_algorithm = "auto";
   c.interference = 0.2;  // paper: 18.2%, 21.9%, 23.8% on A800
+  c.topology.intra_link = "nvswitch";
+  c.topology.nics_per_node = 4;  // 4 x 200 Gb/s HDR = 800 Gb/s per node
   return c;
 }
 
@@ -63,10 +66,13 @@ ClusterSpec H100Preset() {
   c.device.vector_efficiency = 0.125;
   c.device.memory_efficiency = 0.85;
   c.device.launch_overhead_us = 4;
+  c.device.sm_count = 132;  // H100 SXM5 datasheet
   c.intra_node = {370, 1.1};  // nccl-tests busbw without NVLS
   c.inter_node = {47, 3.2};   // one NDR NIC per GPU: 46-48 GB/s achieved
   c.collective_algorithm = "auto";
   c.interference = 0.2;  // middle of the common 15-25% range
+  c.topology.intra_link = "nvswitch";
+  c.topology.nics_per_node = 8;  // one NDR NIC per GPU (rail-optimised)
   return c;
 }
 
@@ -87,10 +93,14 @@ ClusterSpec CommodityPreset() {
   c.device.vector_efficiency = 0.125;
   c.device.memory_efficiency = 0.85;
   c.device.launch_overhead_us = 4;
+  c.device.sm_count = 108;  // A100 PCIe datasheet
   c.intra_node = {20, 1.5};        // inferred: ~63% of 31.5 GB/s PCIe Gen4 x16
   c.inter_node = {0.3375, 15};     // 2.7 GB/s achieved per 25 GbE node / 8 devices; TCP alpha inferred
   c.collective_algorithm = "auto";
   c.interference = 0.15;  // low end of 15-25%: slow links keep NCCL kernels light (inferred)
+  c.topology.intra_link = "pcie";
+  c.topology.nics_per_node = 1;
+  c.topology.network_crosses_intra_link = true;  // the NIC sits behind the same PCIe fabric
   return c;
 }
 
@@ -179,7 +189,7 @@ FileNode FromJson(const nlohmann::json& j) {
     n.kind = FileNode::Kind::kScalar;
     n.text = j.get<std::string>();
     n.quoted = true;
-  } else if (j.is_number()) {
+  } else if (j.is_number() || j.is_boolean()) {
     n.kind = FileNode::Kind::kScalar;
     n.text = j.dump();
   } else if (j.is_object()) {
@@ -240,6 +250,16 @@ class ClusterFileReader {
         {"vector_efficiency", NumberField(&d.vector_efficiency)},
         {"memory_efficiency", NumberField(&d.memory_efficiency)},
         {"launch_overhead_us", NumberField(&d.launch_overhead_us)},
+        {"sm_count", CountField(&d.sm_count)},
+        {"gemm_ramp_k", NumberField(&d.gemm_ramp_k)},
+    };
+    TopologySpec& t = spec->topology;
+    std::vector<Field> topology_fields = {
+        {"intra_link", [&](const FileNode& n, const std::string& f) { return String(n, f, &t.intra_link); }},
+        {"nics_per_node", CountField(&t.nics_per_node)},
+        {"network_crosses_intra_link", BoolField(&t.network_crosses_intra_link)},
+        {"share_links", BoolField(&t.share_links)},
+        {"interference_growth", NumberField(&t.interference_growth)},
     };
     auto link_fields = [&](LinkSpec* link) {
       return std::vector<Field>{{"bandwidth_gbps", NumberField(&link->bandwidth_gbps)},
@@ -266,6 +286,7 @@ class ClusterFileReader {
            return String(n, f, &spec->collective_algorithm);
          }},
         {"interference", NumberField(&spec->interference)},
+        {"topology", [&](const FileNode& n, const std::string& f) { return Map(n, f, topology_fields); }},
     };
     CONCERTO_RETURN_IF_ERROR(Map(root, "", top_fields));
     if (!has_base) {
@@ -334,6 +355,29 @@ class ClusterFileReader {
 
   Setter NumberField(double* out) {
     return [this, out](const FileNode& n, const std::string& f) { return Number(n, f, out); };
+  }
+
+  /// A whole number >= 0 (0 means "off" or "not given" for the fields that take it).
+  Setter CountField(int* out) {
+    return [this, out](const FileNode& n, const std::string& f) -> Status {
+      double v = 0;
+      CONCERTO_RETURN_IF_ERROR(Number(n, f, &v));
+      if (!std::isfinite(v) || v != std::floor(v) || v < 0 || v > 1e6)
+        return Error(f, "must be a whole number in [0, 1000000], got " + Describe(n));
+      *out = static_cast<int>(v);
+      return Status::Ok();
+    };
+  }
+
+  /// true or false (unquoted; nothing else is read as a switch).
+  Setter BoolField(bool* out) {
+    return [this, out](const FileNode& n, const std::string& f) -> Status {
+      if (n.kind == FileNode::Kind::kScalar && !n.quoted && (n.text == "true" || n.text == "false")) {
+        *out = n.text == "true";
+        return Status::Ok();
+      }
+      return Error(f, "must be true or false, got " + Describe(n));
+    };
   }
 
   Setter IntegerField(int* out) {
@@ -455,6 +499,17 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
   if (!std::isfinite(spec.interference) || spec.interference < 0 || spec.interference > 10)
     return error("interference",
                  "must be a slowdown fraction in [0, 10], got " + FormatNumber(spec.interference));
+  CONCERTO_RETURN_IF_ERROR(positive("device.gemm_ramp_k", d.gemm_ramp_k));
+  if (d.sm_count < 0 || d.sm_count > 100000)
+    return error("device.sm_count", "must be a whole number in [0, 100000] (0: size-blind GEMMs), got " +
+                                        std::to_string(d.sm_count));
+  const TopologySpec& t = spec.topology;
+  if (t.intra_link != "nvswitch" && t.intra_link != "pcie")
+    return error("topology.intra_link", "must be one of nvswitch, pcie, got '" + t.intra_link + "'");
+  if (t.nics_per_node < 0) return error("topology.nics_per_node", "must be >= 0");
+  if (!std::isfinite(t.interference_growth) || t.interference_growth < 0 || t.interference_growth > 10)
+    return error("topology.interference_growth",
+                 "must be a fraction in [0, 10], got " + FormatNumber(t.interference_growth));
   return Status::Ok();
 }
 
@@ -474,13 +529,21 @@ std::string ClusterToJson(const ClusterSpec& spec) {
                  {"matmul_efficiency", d.matmul_efficiency},
                  {"vector_efficiency", d.vector_efficiency},
                  {"memory_efficiency", d.memory_efficiency},
-                 {"launch_overhead_us", d.launch_overhead_us}};
+                 {"launch_overhead_us", d.launch_overhead_us},
+                 {"sm_count", d.sm_count},
+                 {"gemm_ramp_k", d.gemm_ramp_k}};
   j["intra_node"] = {{"bandwidth_gbps", spec.intra_node.bandwidth_gbps},
                      {"latency_us", spec.intra_node.latency_us}};
   j["inter_node"] = {{"bandwidth_gbps", spec.inter_node.bandwidth_gbps},
                      {"latency_us", spec.inter_node.latency_us}};
   j["collective_algorithm"] = spec.collective_algorithm;
   j["interference"] = spec.interference;
+  const TopologySpec& t = spec.topology;
+  j["topology"] = {{"intra_link", t.intra_link},
+                   {"nics_per_node", t.nics_per_node},
+                   {"network_crosses_intra_link", t.network_crosses_intra_link},
+                   {"share_links", t.share_links},
+                   {"interference_growth", t.interference_growth}};
   return j.dump(2) + "\n";
 }
 

@@ -202,9 +202,13 @@ std::string ProfileDb::Write() const {
 }
 
 PricedOp ProfiledCostModel::Price(const Op& op, const PriceContext& ctx) const {
-  if (auto us = ExplicitUs(op)) return {*us, CostSource::kExplicit};
+  // Explicit and measured times keep the analytic model's link shares.
+  auto load = [&](double us) {
+    return op.IsComm() ? analytic_.LoadOf(analytic_.CommTimeOf(op, ctx), us) : LinkLoad{};
+  };
+  if (auto us = ExplicitUs(op)) return {*us, CostSource::kExplicit, load(*us)};
   const double measured = db_.Lookup(cluster().device.name, ProfileDb::Signature(op, ctx, cluster()));
-  if (measured >= 0) return {measured, CostSource::kProfile};
+  if (measured >= 0) return {measured, CostSource::kProfile, load(measured)};
   return analytic_.Price(op, ctx);
 }
 

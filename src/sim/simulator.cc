@@ -15,6 +15,24 @@ namespace concerto {
 namespace {
 
 constexpr int kNone = -1;
+constexpr int kFlowJoin = 0;  // a transfer's latency is over: it joins its links
+constexpr int kFlowEnd = 1;   // a transfer ends: every member of its rendezvous finishes
+
+/// The link resources of one simulated rank (docs/cost-model.md, "Shared links").
+enum LinkSlot { kIntraTx = 0, kIntraRx = 1, kInterTx = 2, kInterRx = 3, kLinkSlots = 4 };
+
+/// One transfer in flight over shared links: a collective instance or a
+/// send/recv pair. Its transfer part progresses at `rate` (1: the priced
+/// speed) and needs `demand` of each link's capacity at rate 1.
+struct Flow {
+  double left_us = 0;  // transfer time left at rate 1
+  double rate = 1;
+  double last_us = 0;
+  int version = 0;
+  bool active = false;
+  bool fresh = false;  // joined its links and has no end event yet
+  std::vector<std::pair<int, double>> demand;  // (global link id, fraction of its capacity)
+};
 
 /// One rank being simulated: its graph, schedule and per-op state offsets.
 struct SimRank {
@@ -38,8 +56,9 @@ struct Rendezvous {
 struct Event {
   double time_us;
   long seq;
-  int gid;
+  int gid;      // an op (flow < 0), or the rendezvous a flow event is for
   int version;
+  int flow = -1;  // -1: an op finishes; kFlowJoin / kFlowEnd: a shared-link transfer
   bool operator>(const Event& o) const {
     return time_us != o.time_us ? time_us > o.time_us : seq > o.seq;
   }
@@ -97,6 +116,8 @@ class Simulator {
       : p_(sp.program), sched_(sp.schedule), cost_(cost), indexes_(indexes) {
     assert(indexes_.size() == p_.graphs.size() && "one index per graph");
     interference_ = options.interference >= 0 ? options.interference : cost.cluster().interference;
+    growth_ = cost.cluster().topology.interference_growth;
+    share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
     ranks_ = ChooseRanks(p_, indexes_, cost_, options.all_ranks, &rep);
     timeline_.ranks = ranks_;
@@ -111,6 +132,11 @@ class Simulator {
     while (!queue_.empty()) {
       Event e = queue_.top();
       queue_.pop();
+      if (e.flow >= 0) {
+        if (e.version != flows_[e.gid].version) continue;  // re-timed by link sharing
+        FlowEvent(e.gid, e.flow, e.time_us);
+        continue;
+      }
       if (e.version != version_[e.gid]) continue;  // re-timed by interference
       Finish(e.gid, e.time_us);
     }
@@ -165,15 +191,18 @@ class Simulator {
     rv_.assign(total_ops_, kNone);
     version_.assign(total_ops_, 0);
     arrived_.assign(total_ops_, 0);
+    load_.assign(total_ops_, {});
     for (size_t sr = 0; sr < sim_.size(); ++sr) {
       const SimRank& s = sim_[sr];
       PriceContext ctx{*s.graph, *s.index, p_.mesh, s.rank};
       for (size_t i = 0; i < s.graph->ops.size(); ++i) {
         int gid = s.base + static_cast<int>(i);
         gid_rank_[gid] = static_cast<int>(sr);
-        double d = cost_.Price(s.graph->ops[i], ctx).duration_us;
+        const PricedOp priced = cost_.Price(s.graph->ops[i], ctx);
+        const double d = priced.duration_us;
         assert(std::isfinite(d) && d >= 0 && "cost model returned a bad duration");
         duration_[gid] = d;
+        load_[gid] = priced.load;
         pending_[gid] = static_cast<int>(s.index->preds[i].size());
       }
       heads_.push_back(std::vector<size_t>(s.order.size(), 0));
@@ -231,6 +260,7 @@ class Simulator {
       }
     }
     for (const auto& rv : rvs_) CONCERTO_RETURN_IF_ERROR(CheckInstance(rv));
+    flows_.assign(rvs_.size(), {});
     return Status::Ok();
   }
 
@@ -299,33 +329,140 @@ class Simulator {
     stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]] = gid;  // blocks the stream
     if (rv.arrived < rv.expected) return;
     double dur = 0;
-    for (int m : rv.members) dur = std::max(dur, duration_[m]);
+    int longest = rv.members.front();
+    for (int m : rv.members)
+      if (duration_[m] > dur) dur = duration_[m], longest = m;
     for (int m : rv.members) {
       if (m != gid) cause_[m] = gid;  // waited for the last arrival
       start_[m] = now_;
       int msr = gid_rank_[m];
       CommInflightChange(msr, +1);
-      Push(m, now_ + dur);
     }
+    const LinkLoad& load = load_[longest];
+    if (!share_links_ || !load.Any() || dur <= load.latency_us) {
+      for (int m : rv.members) Push(m, now_ + dur);
+      return;
+    }
+    // A transfer over shared links: its latency first, then its transfer at
+    // the rate its links give it.
+    const int id = rv_[gid];
+    Flow& f = flows_[id];
+    f.left_us = dur - load.latency_us;
+    f.demand = Demand(rv, load);
+    if (load.latency_us > 0) {
+      queue_.push({now_ + load.latency_us, seq_++, id, f.version, kFlowJoin});
+    } else {
+      FlowEvent(id, kFlowJoin, now_);
+    }
+  }
+
+  /// The links a rendezvous's transfer loads: a collective both directions
+  /// of each member's links; a send/recv pair the sender's outgoing and the
+  /// receiver's incoming direction.
+  std::vector<std::pair<int, double>> Demand(const Rendezvous& rv, const LinkLoad& load) const {
+    std::vector<std::pair<int, double>> d;
+    auto add = [&](int sr, int slot, double x) {
+      if (x > 0) d.push_back({sr * kLinkSlots + slot, x});
+    };
+    for (int m : rv.members) {
+      const int sr = gid_rank_[m];
+      const OpKind kind = OpOf(m).kind;
+      const bool tx = kind != OpKind::kRecv, rx = kind != OpKind::kSend;
+      if (tx) add(sr, kIntraTx, load.intra), add(sr, kInterTx, load.inter);
+      if (rx) add(sr, kIntraRx, load.intra), add(sr, kInterRx, load.inter);
+    }
+    return d;
+  }
+
+  /// A transfer joins its links (its latency is over) or ends.
+  void FlowEvent(int id, int what, double t) {
+    now_ = t;
+    Flow& f = flows_[id];
+    if (what == kFlowJoin) {
+      f.active = true;
+      f.fresh = true;
+      f.rate = 1;
+      f.last_us = now_;
+      active_flows_.push_back(id);
+      ShareLinks();
+      return;
+    }
+    f.active = false;
+    active_flows_.erase(std::find(active_flows_.begin(), active_flows_.end(), id));
+    ShareLinks();
+    for (int m : rvs_[id].members) {
+      timeline_.link_sharing_delay_us += std::max(0.0, now_ - start_[m] - duration_[m]);
+      Finish(m, now_);
+    }
+  }
+
+  /// Max-min fair rates of the transfers in flight (progressive filling: all
+  /// unfrozen transfers rise together until a link is full or they reach
+  /// their priced speed; those crossing a full link keep that rate), then
+  /// re-times every transfer whose rate changed.
+  void ShareLinks() {
+    std::vector<double> rate(active_flows_.size(), 0);
+    std::vector<char> frozen(active_flows_.size(), 0);
+    std::map<int, double> used;  // link -> capacity taken by frozen transfers
+    size_t left = active_flows_.size();
+    while (left > 0) {
+      std::map<int, double> want;  // link -> demand of unfrozen transfers at rate 1
+      for (size_t k = 0; k < active_flows_.size(); ++k)
+        if (!frozen[k])
+          for (const auto& [link, x] : flows_[active_flows_[k]].demand) want[link] += x;
+      double level = 1;
+      for (const auto& [link, x] : want) level = std::min(level, std::max(0.0, 1 - used[link]) / x);
+      std::set<int> full;
+      for (const auto& [link, x] : want)
+        if (std::max(0.0, 1 - used[link]) / x <= level * (1 + 1e-12)) full.insert(link);
+      for (size_t k = 0; k < active_flows_.size(); ++k) {
+        if (frozen[k]) continue;
+        bool stop = level >= 1;
+        for (const auto& [link, x] : flows_[active_flows_[k]].demand) stop = stop || full.count(link);
+        if (!stop) continue;
+        frozen[k] = 1;
+        rate[k] = level;
+        --left;
+        for (const auto& [link, x] : flows_[active_flows_[k]].demand) used[link] += level * x;
+      }
+    }
+    for (size_t k = 0; k < active_flows_.size(); ++k) {
+      Flow& f = flows_[active_flows_[k]];
+      const double r = std::max(rate[k], 1e-9);
+      if (!f.fresh && r == f.rate) continue;  // its end event stands
+      f.left_us = std::max(0.0, f.left_us - (now_ - f.last_us) * f.rate);
+      f.last_us = now_;
+      f.rate = r;
+      f.fresh = false;
+      ++f.version;
+      queue_.push({now_ + f.left_us / f.rate, seq_++, active_flows_[k], f.version, kFlowEnd});
+    }
+  }
+
+  /// Compute speed on a rank with `n` communication ops in flight: the
+  /// first slows compute by f, each further one by growth x f more.
+  double ComputeRate(int n) const {
+    if (n <= 0 || interference_ <= 0) return 1.0;
+    return 1.0 / (1.0 + interference_ * (1.0 + growth_ * (n - 1)));
   }
 
   void StartCompute(int sr, int gid) {
     start_[gid] = now_;
     stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]] = gid;
     remaining_[gid] = duration_[gid];
-    rate_[gid] = comm_inflight_[sr] > 0 ? 1.0 / (1.0 + interference_) : 1.0;
+    rate_[gid] = ComputeRate(comm_inflight_[sr]);
     last_update_[gid] = now_;
     running_compute_[sr].push_back(gid);
     Push(gid, now_ + remaining_[gid] / rate_[gid]);
   }
 
-  /// Interference: when a rank's in-flight comm count crosses zero, running
-  /// compute ops change speed and their finish events are re-timed.
+  /// Interference: when a rank's in-flight comm count changes the compute
+  /// speed (ComputeRate), running compute ops are re-timed.
   void CommInflightChange(int sr, int delta) {
     int before = comm_inflight_[sr];
     comm_inflight_[sr] += delta;
-    if (interference_ <= 0 || (before > 0) == (comm_inflight_[sr] > 0)) return;
-    double new_rate = comm_inflight_[sr] > 0 ? 1.0 / (1.0 + interference_) : 1.0;
+    const double new_rate = ComputeRate(comm_inflight_[sr]);
+    if (new_rate == ComputeRate(before)) return;
     for (int gid : running_compute_[sr]) {
       remaining_[gid] -= (now_ - last_update_[gid]) * rate_[gid];
       remaining_[gid] = std::max(0.0, remaining_[gid]);
@@ -426,6 +563,11 @@ class Simulator {
   const Schedule& sched_;
   const CostModel& cost_;
   double interference_ = 0;
+  double growth_ = 0;
+  bool share_links_ = false;
+  std::vector<LinkLoad> load_;     // per op: its links' load (comm ops)
+  std::vector<Flow> flows_;        // per rendezvous: its transfer over shared links
+  std::vector<int> active_flows_;  // rendezvous ids whose transfer is on its links
   const std::vector<GraphIndex>& indexes_;  // one per graph of p_
   std::vector<int> ranks_;
   std::vector<SimRank> sim_;

@@ -259,6 +259,94 @@ TEST(CostAnalyticTest, LargeGemmIsComputeBound) {
   EXPECT_NEAR(p.duration_us, 4054.66, 0.01);
 }
 
+TEST(CostAnalyticTest, GemmShapeFactorWavesPaddingAndRamp) {
+  // a800-4x8: 108 SMs, gemm_ramp_k 64. Per tile (m x n, relative throughput)
+  // in {256x128 1.0, 128x256 1.0, 128x128 0.9, 128x64 0.8, 64x64 0.65}:
+  // tiles = ceil(M/m) ceil(N/n), waves = ceil(tiles / 108), wave efficiency
+  // tiles / (108 waves), padding M N / (tiled M x tiled N); the best tile's
+  // product times K / (K + 64), over the same for 8192^3.
+  // 8192^3: 256x128: 32 x 64 = 2048 tiles, 19 waves: 2048/2052 = 0.998051;
+  //   x 8192/8256 = 0.992248 -> 0.990314 (the reference).
+  // 16384 x 1024, K 2048: 256x128: 64 x 8 = 512 tiles, 5 waves: 512/540 = 0.948148
+  //   (128x128: 1024 tiles, 10 waves, x 0.9 = 0.853); x 2048/2112 = 0.969697
+  //   -> 0.919416 / 0.990314 = 0.928409.
+  // 8192 x 1024 (that GEMM's half along M): 256x128: 256 tiles, 3 waves:
+  //   256/324 = 0.790123; 128x128: 512 tiles, 5 waves: 0.948148 x 0.9 = 0.853333
+  //   (the best); x 0.969697 -> 0.827475 / 0.990314 = 0.835568.
+  // 1024^3: 128x128: 64 tiles, 1 wave: 64/108 x 0.9 = 0.533333; x 1024/1088
+  //   = 0.941176 -> 0.501961 / 0.990314 = 0.506870.
+  AnalyticCostModel model(A800());
+  EXPECT_NEAR(model.GemmShapeFactor(1, 8192, 8192, 8192), 1.0, 1e-12);
+  EXPECT_NEAR(model.GemmShapeFactor(1, 16384, 1024, 2048), 0.928409, 1e-6);
+  EXPECT_NEAR(model.GemmShapeFactor(1, 8192, 1024, 2048), 0.835568, 1e-6);
+  EXPECT_NEAR(model.GemmShapeFactor(1, 1024, 1024, 1024), 0.506870, 1e-6);
+  // A batched GEMM spreads its batch's tiles over the same waves: 8 x 1024^3
+  // fills 8 x 64 = 512 tiles of 128x128... and 256x128's 8 x 32 = 256 tiles
+  // in 3 waves; 128x128: 512 tiles, 5 waves: 0.948148 x 0.9 x 0.941176 = 0.803137
+  // / 0.990314 = 0.810993.
+  EXPECT_NEAR(model.GemmShapeFactor(8, 1024, 1024, 1024), 0.810993, 1e-6);
+  // sm_count 0: the size-blind roofline.
+  ClusterSpec blind = A800();
+  blind.device.sm_count = 0;
+  EXPECT_EQ(AnalyticCostModel(blind).GemmShapeFactor(1, 64, 64, 64), 1.0);
+
+  // Priced through a graph: [16384, 2048] x [2048, 1024] runs at 0.87 x
+  // 0.928409 of 312 TFLOP/s; its half along M costs more than half of it.
+  Fixture f;
+  f.AddTensor("a", {16384, 2048});
+  f.AddTensor("a2", {8192, 2048});
+  f.AddTensor("b", {2048, 1024});
+  f.AddTensor("c", {16384, 1024});
+  f.AddTensor("c2", {8192, 1024});
+  const double flops = 2.0 * 16384 * 1024 * 2048;  // 68,719,476,736
+  f.graph.ops.push_back(ComputeOp(0, ComputeType::kMatmul, {"a", "b"}, {"c"}, flops, 0));
+  f.graph.ops.push_back(ComputeOp(1, ComputeType::kMatmul, {"a2", "b"}, {"c2"}, flops / 2, 0));
+  f.Reindex();
+  // whole: 68,719,476,736 / (271.44e12 x 0.928409) = 272.69 us + 4 = 276.69 us
+  // half:  34,359,738,368 / (271.44e12 x 0.835568) = 151.49 us + 4 = 155.49 us
+  const double whole = model.Price(f.graph.ops[0], f.Ctx()).duration_us;
+  const double half = model.Price(f.graph.ops[1], f.Ctx()).duration_us;
+  EXPECT_NEAR(whole, 276.69, 0.01);
+  EXPECT_NEAR(half, 155.49, 0.01);
+  EXPECT_GT(half - 4, (whole - 4) / 2 * 1.1);  // 11% more than 1/2 of the whole, launch aside
+}
+
+TEST(CostAnalyticTest, LinkLoadOfCollectives) {
+  Fixture f;
+  f.Reindex();
+  AnalyticCostModel model(A800());
+  // The hierarchical all-reduce of 256 MiB over 32 ranks (HierarchicalAllReduceOn32Gpus):
+  // latency 7.7 + 22.8 + 7.7 = 38.2 us; NVLink transfer 2 x 1269.63 = 2539.26 us,
+  // network 4473.92 us: it needs 2539.26 / 7013.18 = 0.362069 of the NVLink
+  // port and 4473.92 / 7013.18 = 0.637931 of the NIC share.
+  Op ar = CollectiveOp(0, CollectiveType::kAllReduce, {"dp", "tp"}, k256MiB);
+  PricedOp p = model.Price(ar, f.Ctx());
+  EXPECT_NEAR(p.load.latency_us, 38.2, 1e-9);
+  EXPECT_NEAR(p.load.intra, 0.362069, 1e-6);
+  EXPECT_NEAR(p.load.inter, 0.637931, 1e-6);
+  // A tp all-reduce (one node) loads only NVLink; a dp one (one rank per node) only the NICs.
+  PricedOp tp = model.Price(CollectiveOp(1, CollectiveType::kAllReduce, {"tp"}, k256MiB), f.Ctx());
+  EXPECT_EQ(tp.load.intra, 1.0);
+  EXPECT_EQ(tp.load.inter, 0.0);
+  PricedOp dp = model.Price(CollectiveOp(2, CollectiveType::kAllReduce, {"dp"}, k256MiB), f.Ctx());
+  EXPECT_EQ(dp.load.intra, 0.0);
+  EXPECT_EQ(dp.load.inter, 1.0);
+  // An explicit duration keeps the shares, and the latency up to the duration.
+  ar.duration_us = 10;
+  PricedOp ex = model.Price(ar, f.Ctx());
+  EXPECT_EQ(ex.duration_us, 10);
+  EXPECT_NEAR(ex.load.latency_us, 10, 1e-12);
+  EXPECT_NEAR(ex.load.inter, 0.637931, 1e-6);
+  // On commodity-4x8 the NIC sits behind PCIe: a dp all-reduce also loads the
+  // PCIe port by 0.3375 / 20 = 0.016875 of its capacity.
+  AnalyticCostModel commodity(LoadCluster("commodity-4x8").value());
+  PricedOp c = commodity.Price(CollectiveOp(3, CollectiveType::kAllReduce, {"dp"}, k256MiB), f.Ctx());
+  EXPECT_EQ(c.load.inter, 1.0);
+  EXPECT_NEAR(c.load.intra, 0.016875, 1e-12);
+  // Compute loads no link.
+  EXPECT_FALSE(model.Price(ComputeOp(4, ComputeType::kScale, {}, {}, 1e6, 0), f.Ctx()).load.Any());
+}
+
 TEST(CostAnalyticTest, ElementwiseIsMemoryBound) {
   Fixture f;
   f.AddTensor("x", {8, 2048, 4096});
@@ -290,7 +378,9 @@ TEST(CostAnalyticTest, DtypeChoosesPeak) {
   // Nothing resolvable: bf16 peak: 1.95e9 / (312e12 * 0.125 = 39e12) = 50 us + 4.
   f.graph.ops.push_back(ComputeOp(3, ComputeType::kScale, {"nowhere"}, {}, 1.95e9, 0));
   f.Reindex();
-  AnalyticCostModel model(A800());
+  ClusterSpec blind = A800();
+  blind.device.sm_count = 0;  // the size-blind roofline (GEMM shapes: GemmShapeFactor's tests)
+  AnalyticCostModel model(blind);
   EXPECT_NEAR(model.Price(f.graph.ops[0], f.Ctx()).duration_us, 130.58, 0.01);
   EXPECT_NEAR(model.Price(f.graph.ops[1], f.Ctx()).duration_us, 804, 1e-9);
   EXPECT_NEAR(model.Price(f.graph.ops[2], f.Ctx()).duration_us, 804, 1e-9);

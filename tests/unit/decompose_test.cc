@@ -116,6 +116,55 @@ TEST(DecomposeTest, ChunksAnExposedAllReduce) {
   EXPECT_DOUBLE_EQ(t->makespan_us, 125);
 }
 
+/// One role on a tp=8 mesh (one a800 node): x [2048, 4096] times w [4096,
+/// 2048] all-reduced over tp (8 MiB in bf16).
+Program GemmAllReduceTp8() {
+  Program p;
+  p.name = "gemm_ar";
+  p.mesh.axes = {{"tp", 8}};
+  Graph g;
+  g.name = "g";
+  lower::GraphBuilder b(&g);
+  b.AddTensor("x", {2048, 4096}, DType::kBF16, {{}, {}});
+  b.AddTensor("w", {4096, 2048}, DType::kBF16, {{}, {"tp"}});
+  b.AddTensor("y", {2048, 2048}, DType::kBF16, {{}, {}}, {"tp"});
+  b.AddTensor("z", {2048, 2048}, DType::kBF16, {{}, {}});
+  b.AddCompute("mm", ComputeType::kMatmul, {"x", "w"}, {"y"}, 2.0 * 2048 * 2048 * 4096);
+  b.AddCollective("ar", CollectiveType::kAllReduce, "y", "z", {"tp"}, ReduceOp::kSum, "activation");
+  p.graphs.push_back(g);
+  p.roles.push_back({"all", "g", {0, 1, 2, 3, 4, 5, 6, 7}});
+  return p;
+}
+
+TEST(DecomposeTest, SizeAwareGemmsDeclineAChunkingThatNoLongerPays) {
+  // On a800-4x8 the 2048 x 2048 (K 4096) GEMM reaches 0.754154 of the large-GEMM
+  // efficiency (128x128 tiles: 256 in 3 waves of 108, x 0.9, x 4096/4160), and
+  // each half along M only 0.628462 (128 tiles in 2 waves): the half costs
+  // 17.18e9 / (271.44e12 x 0.628462) = 100.71 us, not 167.85 / 2 = 83.93 us.
+  // Size-blind (sm_count 0), the 2-chunk pipeline pays (225.33 -> 198.84 us
+  // estimated); size-aware, the chunks lose more than the overlap saves.
+  ClusterSpec aware = LoadCluster("a800-4x8").value();
+  ClusterSpec blind = aware;
+  blind.device.sm_count = 0;
+  AnalyticCostModel aware_cost(aware);
+  EXPECT_NEAR(aware_cost.GemmShapeFactor(1, 2048, 2048, 4096), 0.754154, 1e-6);
+  EXPECT_NEAR(aware_cost.GemmShapeFactor(1, 1024, 2048, 4096), 0.628462, 1e-6);
+  DecomposeOptions options;
+  options.max_chunks = 2;
+  Program p = GemmAllReduceTp8();
+  Result<DecomposeReport> r = DecomposeCollectives(p, AnalyticCostModel(blind), options);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->rewrites.size(), 1u);
+  EXPECT_NEAR(r->rewrites[0].estimated_before_us, 225.33, 0.01);
+  EXPECT_NEAR(r->rewrites[0].estimated_after_us, 198.84, 0.01);
+  Program q = GemmAllReduceTp8();
+  r = DecomposeCollectives(q, aware_cost, options);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->candidates, 1);
+  EXPECT_TRUE(r->rewrites.empty());
+  EXPECT_EQ(q.graphs[0].ops.size(), 2u);  // untouched
+}
+
 TEST(DecomposeTest, EstimateCountsInterference) {
   // The a800 cluster's interference f = 0.2: a matmul chunk overlapping an
   // all-reduce runs at 1/1.2 speed until the all-reduce ends.

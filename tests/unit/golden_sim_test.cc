@@ -40,6 +40,7 @@ std::string Num(double v) {
 struct Expected {
   std::string scheduler = "fifo";
   double interference = 0;
+  std::string cluster = "a800-4x8";  // a preset, or a file under tests/golden/
   std::string error;
   std::vector<std::string> lines;
 };
@@ -64,6 +65,7 @@ Expected ParseExpected(const std::string& text) {
     if (key == "scheduler") e.scheduler = value;
     if (key == "interference") e.interference = std::stod(value);
     if (key == "expect_error") e.error = value;
+    if (key == "cluster") e.cluster = value;
   }
   return e;
 }
@@ -95,15 +97,16 @@ std::vector<fs::path> GoldenFiles() {
 TEST(GoldenSim, HasAtLeastSixCases) { EXPECT_GE(GoldenFiles().size(), 6u); }
 
 TEST(GoldenSim, TimelinesMatch) {
-  Result<ClusterSpec> cluster = LoadCluster("a800-4x8");
-  ASSERT_TRUE(cluster.ok()) << cluster.status().message();
-  AnalyticCostModel cost(*cluster);
   for (const fs::path& json : GoldenFiles()) {
     SCOPED_TRACE(json.filename().string());
     fs::path exp_path = json;
     exp_path.replace_extension(".expected");
     ASSERT_TRUE(fs::exists(exp_path));
     Expected exp = ParseExpected(ReadText(exp_path));
+    const bool file = exp.cluster.find('.') != std::string::npos;
+    Result<ClusterSpec> cluster = LoadCluster(file ? (json.parent_path() / exp.cluster).string() : exp.cluster);
+    ASSERT_TRUE(cluster.ok()) << cluster.status().message();
+    AnalyticCostModel cost(*cluster);
     Result<Program> program = ParseProgram(ReadText(json), json.filename().string());
     ASSERT_TRUE(program.ok()) << program.status().message();
     Result<ScheduledProgram> sp = RunBaseline(exp.scheduler, *program, cost);

@@ -20,6 +20,13 @@ struct DeviceSpec {
   double vector_efficiency = 0.5;   // achieved fraction of peak on non-matmul flops
   double memory_efficiency = 0.85;  // achieved fraction of memory bandwidth
   double launch_overhead_us = 5;    // per kernel
+  /// Size-aware GEMM efficiency (docs/cost-model.md, "GEMM shapes"): streaming
+  /// multiprocessors the output tiles are spread over in waves; 0 turns the
+  /// shape model off (every matmul at matmul_efficiency, the size-blind roofline).
+  int sm_count = 0;
+  /// Reduction depth K at which a GEMM reaches half of its large-K efficiency
+  /// (the minimum-size ramp K / (K + gemm_ramp_k), normalised to 1 at K = 8192).
+  double gemm_ramp_k = 64;
 
   bool operator==(const DeviceSpec&) const = default;
 };
@@ -29,6 +36,32 @@ struct LinkSpec {
   double latency_us = 0;      // per algorithm step (alpha)
 
   bool operator==(const LinkSpec&) const = default;
+};
+
+/// The links a device's traffic crosses (docs/cost-model.md, "Shared links").
+/// Each device has an intra-node port (NVLink/NVSwitch or PCIe) and a share
+/// of its node's NICs (rail-optimised: GPU i uses NIC i * nics / devices),
+/// each direction a separate resource whose capacity is the bandwidth the
+/// link's alpha-beta price assumes. Collectives in flight together divide a
+/// link fairly (max-min); compute interference grows with their number.
+struct TopologySpec {
+  /// "nvswitch" or "pcie": what the intra-node port is.
+  std::string intra_link = "nvswitch";
+  /// NICs per node (0: one per device), for reports and docs.
+  int nics_per_node = 0;
+  /// True when inter-node traffic also crosses the intra-node port (a NIC behind
+  /// the same PCIe link as the GPU's peer traffic): it then loads that port by
+  /// inter_node.bandwidth / intra_node.bandwidth of its capacity.
+  bool network_crosses_intra_link = false;
+  /// 0 turns link sharing off (every transfer at its alpha-beta price, whatever
+  /// else is in flight); 1 (default) shares links.
+  bool share_links = true;
+  /// Each collective in flight beyond the first adds this fraction of
+  /// `interference` to the compute slowdown (NCCL kernels of several
+  /// communicators take SMs each): slowdown f * (1 + growth * (n - 1)).
+  double interference_growth = 1.0;
+
+  bool operator==(const TopologySpec&) const = default;
 };
 
 struct ClusterSpec {
@@ -43,6 +76,7 @@ struct ClusterSpec {
   std::string collective_algorithm = "auto";
   /// Compute slows by this fraction while a collective is in flight (0.2 = 20% slower).
   double interference = 0;
+  TopologySpec topology;
 
   int NumDevices() const { return nodes * devices_per_node; }
   int NodeOf(int rank) const { return rank / devices_per_node; }

@@ -2,6 +2,7 @@
 // simulator and schedulers see only the CostModel interface.
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,9 +29,42 @@ struct PriceContext {
   int rank = 0;
 };
 
+/// How a communication op loads the links of a rank that runs it
+/// (docs/cost-model.md, "Shared links"). Its duration is `latency_us`, which
+/// no sharing slows, plus a transfer part during which it needs `intra` of
+/// the rank's intra-node port and `inter` of its NIC share (fractions of each
+/// link's capacity, per direction: a collective loads both directions, a send
+/// the sender's outgoing and the receiver's incoming direction). All zero for
+/// compute ops and for collectives that stay on one device.
+struct LinkLoad {
+  double latency_us = 0;
+  double intra = 0;
+  double inter = 0;
+
+  bool Any() const { return intra > 0 || inter > 0; }
+};
+
 struct PricedOp {
+  PricedOp() = default;
+  PricedOp(double duration, CostSource from = CostSource::kAnalytic, LinkLoad link_load = {})
+      : duration_us(duration), source(from), load(link_load) {}
+
   double duration_us = 0;
   CostSource source = CostSource::kAnalytic;
+  LinkLoad load;  // communication ops only
+};
+
+/// The parts of an alpha-beta communication time: latency, and the transfer
+/// time spent on each link class; `parallel` when the two transfers run at
+/// once (the slower decides) rather than one after the other.
+struct CommTime {
+  double latency_us = 0;
+  double intra_us = 0;
+  double inter_us = 0;
+  bool parallel = false;
+
+  double TransferUs() const { return parallel ? std::max(intra_us, inter_us) : intra_us + inter_us; }
+  double TotalUs() const { return latency_us + TransferUs(); }
 };
 
 class CostModel {
@@ -53,9 +87,26 @@ class AnalyticCostModel : public CostModel {
   /// Roofline: max(flops / achieved peak, bytes / achieved bandwidth) + launch.
   double ComputeUs(const Op& op, const PriceContext& ctx) const;
   /// Alpha-beta time of a collective over `group_ranks` moving `bytes` per rank.
-  double CollectiveUs(CollectiveType type, int64_t bytes, const std::vector<int>& group_ranks) const;
+  double CollectiveUs(CollectiveType type, int64_t bytes, const std::vector<int>& group_ranks) const {
+    return CollectiveTime(type, bytes, group_ranks).TotalUs();
+  }
+  /// The same, in parts (latency, transfer per link class).
+  CommTime CollectiveTime(CollectiveType type, int64_t bytes, const std::vector<int>& group_ranks) const;
   /// a + S/B between two ranks (intra- or inter-node link).
-  double SendRecvUs(int64_t bytes, int from_rank, int to_rank) const;
+  double SendRecvUs(int64_t bytes, int from_rank, int to_rank) const {
+    return SendRecvTime(bytes, from_rank, to_rank).TotalUs();
+  }
+  CommTime SendRecvTime(int64_t bytes, int from_rank, int to_rank) const;
+  /// The fraction of matmul_efficiency a matmul of this shape reaches (1 for
+  /// a large GEMM; docs/cost-model.md, "GEMM shapes"): output tiles in waves
+  /// over the SMs, tile padding, and the ramp in K. 1 when sm_count is 0.
+  double GemmShapeFactor(int64_t batch, int64_t m, int64_t n, int64_t k) const;
+  /// The link load of a communication op whose time has these parts and
+  /// whose priced duration is `duration_us` (an explicit or profiled time
+  /// keeps the analytic shares and latency, capped at the duration).
+  LinkLoad LoadOf(const CommTime& t, double duration_us) const;
+  /// The analytic time parts of a communication op on ctx.rank.
+  CommTime CommTimeOf(const Op& op, const PriceContext& ctx) const;
 
  private:
   ClusterSpec cluster_;

@@ -19,6 +19,9 @@ struct SimOptions {
   double interference = -1;
   /// Simulate every rank even when one representative per role is exact.
   bool all_ranks = false;
+  /// Shared links (docs/cost-model.md, "Shared links"): -1 takes the
+  /// cluster's topology.share_links, 0 prices every transfer alone, 1 shares.
+  int share_links = -1;
 };
 
 struct OpRecord {
@@ -43,6 +46,9 @@ struct Timeline {
   std::vector<RankStreamStats> busy;
   /// Ops on the critical path, first to last, as indices into records.
   std::vector<int> critical_path;
+  /// Time communication ops of the simulated ranks ran longer than their
+  /// priced duration because transfers in flight together shared links.
+  double link_sharing_delay_us = 0;
 };
 
 /// Simulates `sp` (whose schedule must pass VerifySchedule). Returns an error
