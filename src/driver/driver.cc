@@ -53,6 +53,7 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
                       {"windows_speculated", r.windows_speculated},
                       {"passes_over_memory_budget", r.passes_over_memory},
                       {"inter_node_stream_ops", r.inter_node_stream_ops},
+                      {"comm_streams_merged_ops", r.comm_streams_merged},
                       {"incumbent_peak_memory_bytes", r.incumbent_peak_memory_bytes},
                       {"fused_collectives", r.fused_collectives},
                       {"fusion_gain_us", r.fusion_gain_us},

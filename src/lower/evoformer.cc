@@ -3,6 +3,7 @@
 // the approximations, the layouts and the placement of every collective are in
 // docs/evoformer.md; the comments here say what each helper emits.
 #include "concerto/lower/evoformer.h"
+#include "concerto/ir/comm_streams.h"
 
 #include <cassert>
 #include <cmath>
@@ -1066,6 +1067,7 @@ Result<Program> LowerEvoformer(const EvoformerConfig& config, int dp, int dap) {
   Role role{"spmd", "main", {}};
   for (int r = 0; r < program.mesh.NumRanks(); ++r) role.ranks.push_back(r);
   program.roles.push_back(std::move(role));
+  AssignCommunicatorStreams(program);
   return program;
 }
 

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "concerto/ir/graph_index.h"
+#include "concerto/ir/comm_streams.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/sharding_plan.h"
 
@@ -1075,7 +1076,9 @@ class Partitioner {
 }  // namespace
 
 Result<Program> PartitionProgram(const Program& unsharded, const ShardingPlan& plan, PartitionReport* report) {
-  return Partitioner(unsharded, plan, report).Run();
+  Result<Program> p = Partitioner(unsharded, plan, report).Run();
+  if (p.ok()) AssignCommunicatorStreams(*p);
+  return p;
 }
 
 }  // namespace concerto

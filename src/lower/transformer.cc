@@ -5,6 +5,7 @@
 // list, the collective and send/recv placement and the flop conventions are
 // in docs/workloads.md and docs/frontends.md ("MoE / ep").
 #include "concerto/lower/transformer.h"
+#include "concerto/ir/comm_streams.h"
 #include "concerto/lower/graph_builder.h"
 
 #include <yaml-cpp/yaml.h>
@@ -1727,6 +1728,7 @@ Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& p
     Role role{"spmd", "main", {}};
     for (int r = 0; r < program.mesh.NumRanks(); ++r) role.ranks.push_back(r);
     program.roles.push_back(std::move(role));
+    AssignCommunicatorStreams(program);
     return program;
   }
   // Stage i's role holds the ranks whose pp coordinate is i (contiguous
@@ -1740,6 +1742,7 @@ Result<Program> LowerTransformer(const ModelConfig& model, const ParallelPlan& p
       if (program.mesh.Coords(r)[pp_axis] == i) role.ranks.push_back(r);
     program.roles.push_back(std::move(role));
   }
+  AssignCommunicatorStreams(program);
   return program;
 }
 

@@ -166,6 +166,63 @@ int SplitInterNodeStreams(ScheduledProgram& sp, const ClusterSpec& cluster) {
   return moved;
 }
 
+/// The paper's two-stream mapping: every communication op of a graph with
+/// several communication streams moves onto one stream "comm", each role's
+/// order on it the order in which `t` started them on the role's lowest rank
+/// (ties: the old streams' order). Fewer transfers in flight at once share no
+/// link and slow compute less, at the price of queueing. A graph rewrite;
+/// returns how many ops moved (0: nothing to merge). The result may deadlock
+/// across roles (a caller simulates it before keeping it).
+int MergeCommStreams(ScheduledProgram& sp, const Timeline& t) {
+  int moved = 0;
+  const Program& p = sp.program;
+  std::map<std::pair<int, int>, double> start;  // (rank, op index) -> start
+  for (const OpRecord& r : t.records) start[{r.rank, r.op_index}] = r.start_us;
+  for (Graph& g : sp.program.graphs) {
+    std::set<std::string> comm;
+    for (const Op& op : g.ops)
+      if (op.IsComm()) comm.insert(op.stream);
+    if (comm.size() < 2) continue;
+    std::map<int, int> index_of;  // op id -> index
+    for (size_t i = 0; i < g.ops.size(); ++i) index_of[g.ops[i].id] = static_cast<int>(i);
+    for (const Role& role : p.roles) {
+      if (role.graph != g.name) continue;
+      const int rep = *std::min_element(role.ranks.begin(), role.ranks.end());
+      for (RoleSchedule& rs : sp.schedule.roles) {
+        if (rs.role != role.name) continue;
+        std::vector<std::tuple<double, int, int>> keyed;  // (start, position, id)
+        std::vector<StreamOrder> kept;
+        for (StreamOrder& so : rs.streams) {
+          if (!comm.count(so.stream)) {
+            kept.push_back(std::move(so));
+            continue;
+          }
+          for (size_t k = 0; k < so.op_ids.size(); ++k) {
+            auto it = start.find({rep, index_of.at(so.op_ids[k])});
+            keyed.push_back({it == start.end() ? 0.0 : it->second, static_cast<int>(k), so.op_ids[k]});
+          }
+        }
+        std::stable_sort(keyed.begin(), keyed.end());
+        StreamOrder merged{"comm", {}};
+        for (const auto& [s, k, id] : keyed) merged.op_ids.push_back(id);
+        kept.push_back(std::move(merged));
+        rs.streams = std::move(kept);
+      }
+    }
+    for (Op& op : g.ops)
+      if (op.IsComm()) {
+        moved += op.stream != "comm";
+        op.stream = "comm";
+      }
+    std::vector<std::string> streams;
+    for (const std::string& s : g.streams)
+      if (!comm.count(s) && s != "comm") streams.push_back(s);
+    streams.push_back("comm");
+    g.streams = std::move(streams);
+  }
+  return moved;
+}
+
 /// The state of one role during the search.
 struct RoleSearch {
   int role = 0;
@@ -643,6 +700,7 @@ class Search {
     if (best_.name.empty()) best_ = fallback_;
     TryListSchedule();
     TrySplitStreams();
+    TryMergeStreams();
     report_->incumbent = fallback_.name;
     report_->incumbent_makespan_us = fallback_.makespan_us;
     report_->incumbent_peak_memory_bytes = fallback_.peak_bytes;
@@ -716,6 +774,26 @@ class Search {
     if (!keep) return;
     report_->inter_node_stream_ops = moved;
     best_ = {std::move(split.sp), m->makespan_us, best_.name + "+streams", m->peak_bytes};
+  }
+
+  /// The starting point with every communicator of a rank on one stream
+  /// (MergeCommStreams), kept when it simulates faster and fits: concerto
+  /// chooses the mapping of groups to streams.
+  void TryMergeStreams() {
+    Result<Timeline> tl = Simulate(best_.sp, cost_, opts_.sim);
+    if (!tl.ok()) return;
+    Candidate merged = best_;
+    const int moved = MergeCommStreams(merged.sp, *tl);
+    if (moved == 0) return;
+    Result<Measured> m = Measure(merged.sp, cost_, opts_.sim);
+    const bool keep = m.ok() && m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
+    Say(fmt::format("every communicator on one stream ({} ops moved): {}", moved,
+                    !m.ok() ? m.status().message()
+                            : fmt::format("{:.3f} ms -> {:.3f} ms{}", best_.makespan_us / 1e3, m->makespan_us / 1e3,
+                                          keep ? "" : " (not kept)")));
+    if (!keep) return;
+    report_->comm_streams_merged = moved;
+    best_ = {std::move(merged.sp), m->makespan_us, best_.name + "+one-comm-stream", m->peak_bytes};
   }
 
   Status InitRoles() {

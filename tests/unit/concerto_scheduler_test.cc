@@ -19,6 +19,7 @@
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/synthetic.h"
 #include "concerto/schedule/concerto_scheduler.h"
+#include "concerto/ir/comm_streams.h"
 #include "concerto/schedule/scheduler.h"
 #include "concerto/sim/memory.h"
 #include "concerto/sim/simulator.h"
@@ -289,6 +290,7 @@ TEST(ConcertoScheduler, InterNodeCollectivesGetTheirOwnStreamWhenItPays) {
   spec.devices_per_node = 2;
   AnalyticCostModel cost(spec);
   Program p = LowerModelPlan("llama-tiny", "dp=4,tp=2").value();
+  AssignOneCommStream(p);  // one comm stream, as the paper's runtime has (lowering gives one per group)
   ConcertoOptions o;
   o.rounds = 1;
   o.block_ops = 60;

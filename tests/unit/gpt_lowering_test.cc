@@ -1,6 +1,7 @@
 // GPT lowering: structure, shapes, flops and collective volumes checked
 // against the transformer arithmetic of REFERENCES.md.
 #include "concerto/lower/gpt.h"
+#include "concerto/ir/comm_streams.h"
 
 #include <gtest/gtest.h>
 
@@ -103,7 +104,9 @@ TEST(GptLowering, MeshRolesAndStreams) {
   ASSERT_EQ(p.roles.size(), 1u);
   EXPECT_EQ(p.roles[0].name, "spmd");
   EXPECT_EQ(p.roles[0].ranks.size(), 8u);
-  for (const Op& op : Main(p).ops) EXPECT_EQ(op.stream, op.IsComm() ? "comm" : "compute");
+  // Each communicator on its own stream, as NCCL runs it.
+  for (const Op& op : Main(p).ops) EXPECT_EQ(op.stream, op.IsComm() ? CommunicatorStream(op) : "compute");
+  EXPECT_EQ(Main(p).streams, (std::vector<std::string>{"compute", "comm.tp", "comm.dp"}));
 }
 
 // Ids are 0..n-1 in program order, names are unique, and every tensor an op

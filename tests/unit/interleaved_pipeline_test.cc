@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "concerto/cost/cluster.h"
+#include "concerto/ir/comm_streams.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/plan.h"
@@ -76,7 +77,7 @@ int CountP2P(const Graph& g, OpKind kind, int tag, int offset, int64_t bytes) {
   for (const Op& op : g.ops)
     if (op.kind == kind && op.tag == tag && op.peer.axis == "pp" && op.peer.offset == offset) {
       EXPECT_EQ(op.message_bytes, bytes) << op.name;
-      EXPECT_EQ(op.stream, "comm");
+      EXPECT_EQ(op.stream, CommunicatorStream(op));
       ++n;
     }
   return n;

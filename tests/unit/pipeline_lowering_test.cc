@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "concerto/cost/cluster.h"
+#include "concerto/ir/comm_streams.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/plan.h"
@@ -222,7 +223,7 @@ TEST(Pipeline, MSendRecvPairsPerBoundaryPerDirection) {
           EXPECT_EQ(ops[k]->message_bytes, c.bytes) << c.plan << " " << ops[k]->name;
           EXPECT_EQ(ops[k]->tags.microbatch, k) << ops[k]->name;
           EXPECT_EQ(ops[k]->tags.purpose, "pipeline");
-          EXPECT_EQ(ops[k]->stream, "comm");
+          EXPECT_EQ(ops[k]->stream, ops[k]->peer.offset > 0 ? "p2p.pp+1" : "p2p.pp-1");  // per peer pair
         }
       }
     }
@@ -284,7 +285,7 @@ TEST(Pipeline, ProgramOrderIsADataflowOrder) {
         const Op& op = g.ops[i];
         EXPECT_EQ(op.id, static_cast<int>(i));
         EXPECT_TRUE(names.insert(op.name).second) << c.plan << " " << g.name << " " << op.name;
-        EXPECT_EQ(op.stream, op.IsComm() ? "comm" : "compute");
+        EXPECT_EQ(op.stream, op.IsComm() ? CommunicatorStream(op) : "compute");
         if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
           EXPECT_EQ(op.inputs.size() + op.outputs.size(), 1u) << op.name;
         }

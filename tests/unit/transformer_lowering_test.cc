@@ -2,6 +2,7 @@
 // grouped-query attention), sequence parallelism and ZeRO 1/2/3, checked
 // against closed-form arithmetic (REFERENCES.md, "Transformer arithmetic").
 #include "concerto/lower/transformer.h"
+#include "concerto/ir/comm_streams.h"
 
 #include <gtest/gtest.h>
 
@@ -689,7 +690,7 @@ TEST(Presets, DataflowInProgramOrder) {
         const Op& op = g.ops[i];
         EXPECT_EQ(op.id, static_cast<int>(i));
         EXPECT_TRUE(names.insert(op.name).second) << op.name;
-        EXPECT_EQ(op.stream, op.IsComm() ? "comm" : "compute");
+        EXPECT_EQ(op.stream, op.IsComm() ? CommunicatorStream(op) : "compute");
         for (const std::string& in : op.inputs) {
           EXPECT_TRUE(declared.count(in)) << op.name << " reads " << in;
           if (!produced.count(in)) read_as_input.insert(in);

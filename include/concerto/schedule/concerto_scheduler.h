@@ -90,6 +90,7 @@ struct ConcertoReport {
   int windows_speculated = 0;     // solved ahead on the second thread and used (ConcertoOptions::threads)
   int passes_over_memory = 0;     // decoded passes over the budget, undone
   int inter_node_stream_ops = 0;  // collectives moved to an inter-node stream (0: not split)
+  int comm_streams_merged = 0;    // comm ops moved onto one "comm" stream (0: a stream per communicator)
   int fused_collectives = 0;      // collectives merged by the fusion pass
   double fusion_gain_us = 0;
   double seconds = 0;
