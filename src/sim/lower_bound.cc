@@ -4,6 +4,8 @@
 // together.
 #include "concerto/sim/lower_bound.h"
 
+#include <functional>
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -63,7 +65,16 @@ JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool
     base[r] = static_cast<int>(j.dur.size());
     for (size_t i = 0; i < g.ops.size(); ++i) {
       const Op& op = g.ops[i];
-      j.dur.push_back(cost.Price(op, ctx).duration_us);
+      const PricedOp priced = cost.Price(op, ctx);
+      j.dur.push_back(priced.duration_us);
+      std::array<double, 4> link{0, 0, 0, 0};
+      if (op.IsComm() && priced.load.Any()) {
+        const double transfer = std::max(0.0, priced.duration_us - priced.load.latency_us);
+        const bool out = op.kind != OpKind::kRecv, in = op.kind != OpKind::kSend;
+        link = {out ? priced.load.intra * transfer : 0, in ? priced.load.intra * transfer : 0,
+                out ? priced.load.inter * transfer : 0, in ? priced.load.inter * transfer : 0};
+      }
+      j.link_us.push_back(link);
       j.stream.push_back(role.name + "/" + op.stream);
       j.role.push_back(r);
       j.comm.push_back(op.IsComm() ? 1 : 0);
@@ -136,12 +147,14 @@ void HeadsAndTails(const JoinedGraph& j, const std::vector<int>& topo, int round
 
 /// On one stream: for every threshold h (a head), the ops with head >= h run
 /// one after another from h, and the last of them still has its tail to go.
+/// `work` (default: each op's duration) is what the resource must get
+/// through for op i; a link's work ends no later than its op does.
 double FillDrain(std::vector<int> ops, const JoinedGraph& j, const std::vector<double>& head,
-                 const std::vector<double>& tail) {
+                 const std::vector<double>& tail, const std::function<double(int)>& work_of = nullptr) {
   std::sort(ops.begin(), ops.end(), [&](int a, int b) { return head[a] > head[b]; });
   double bound = 0, work = 0, min_tail = std::numeric_limits<double>::infinity();
   for (int i : ops) {
-    work += j.dur[i];
+    work += work_of ? work_of(i) : j.dur[i];
     min_tail = std::min(min_tail, tail[i]);
     bound = std::max(bound, head[i] + work + min_tail);
   }
@@ -178,6 +191,24 @@ LowerBound BoundOfJoinedGraph(const JoinedGraph& j, int roles, std::vector<doubl
   for (const auto& [stream, ops] : on) {
     const double b = FillDrain(ops, j, *head, *tail);
     if (b > lb.fill_drain_us) lb.fill_drain_us = b, lb.fill_drain_stream = stream;
+  }
+  // Links: every transfer crossing one link of a rank shares its capacity,
+  // whatever stream it runs on, so the link's work is a load and a fill +
+  // work + drain of its own (per role representative and link slot).
+  std::map<std::pair<int, int>, std::vector<int>> on_link;  // (role, slot) -> nodes
+  std::map<std::pair<int, int>, double> link_load;
+  for (size_t i = 0; i < j.link_us.size(); ++i)
+    for (int slot = 0; slot < 4; ++slot)
+      if (j.link_us[i][slot] > 0) {
+        on_link[{j.role[i], slot}].push_back(static_cast<int>(i));
+        link_load[{j.role[i], slot}] += j.link_us[i][slot];
+      }
+  for (const auto& [key, us] : link_load)
+    if (us > lb.stream_load_us) lb.stream_load_us = us, lb.busiest_stream = std::string("link:") + kLinkNames[key.second];
+  for (const auto& [key, ops] : on_link) {
+    const int slot = key.second;
+    const double b = FillDrain(ops, j, *head, *tail, [&](int i) { return j.link_us[i][slot]; });
+    if (b > lb.fill_drain_us) lb.fill_drain_us = b, lb.fill_drain_stream = "link:" + std::string(kLinkNames[slot]);
   }
   lb.lower_bound_us = std::max({lb.critical_path_us, lb.stream_load_us, lb.fill_drain_us});
   return lb;

@@ -1,6 +1,7 @@
 // A lower bound on the makespan of any schedule of a program.
 #pragma once
 
+#include <array>
 #include <map>
 #include <string>
 #include <utility>
@@ -40,7 +41,13 @@ struct JoinedGraph {
   std::vector<char> comm;            // 1 for communication ops (Op::IsComm)
   std::vector<std::vector<int>> preds, succs;
   std::vector<int> partner;          // the node a send or recv meets (PairSendRecv), or -1
+  /// Per node: the link work it puts on its rank's links at full rate, us:
+  /// LinkLoad share x (duration - latency), per link slot (kLinkNames order:
+  /// NVLink/PCIe out, in; NIC out, in). Zero for compute.
+  std::vector<std::array<double, 4>> link_us;
 };
+/// The link slots of JoinedGraph::link_us.
+inline constexpr const char* kLinkNames[4] = {"intra-link.out", "intra-link.in", "nic.out", "nic.in"};
 /// The joined graph; with `control_deps` false only data edges count.
 JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps);
 
@@ -56,7 +63,10 @@ JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool
 struct LowerBound {
   /// Longest chain of durations through the joined graphs.
   double critical_path_us = 0;
-  /// The largest total work of one stream.
+  /// The largest total work of one stream, or of one link of a rank (the
+  /// transfer work of every communication op crossing it, whatever its
+  /// stream: links are shared, docs/cost-model.md); `busiest_stream` names
+  /// it ("link:nic.out" for a link).
   double stream_load_us = 0;
   std::string busiest_stream;
   /// Per stream and threshold h (an op's earliest start): h + the work of
