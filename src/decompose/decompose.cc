@@ -79,9 +79,12 @@ std::vector<int> LeadingDims(const Tensor& t, int skip) {
 
 /// The candidate around collective op `i`, if its neighbourhood has an
 /// eligible shape.
-std::optional<Candidate> FindCandidate(const Graph& g, const GraphIndex& index, int i) {
+std::optional<Candidate> FindCandidate(const Graph& g, const GraphIndex& index, int i, bool gather_scatter_only) {
   const Op& c = g.ops[i];
   if (c.kind != OpKind::kCollective || c.tags.purpose != "activation") return std::nullopt;
+  if (gather_scatter_only && c.collective != CollectiveType::kAllGather &&
+      c.collective != CollectiveType::kReduceScatter)
+    return std::nullopt;
   if (c.inputs.size() != 1 || c.outputs.size() != 1 || !c.control_deps.empty()) return std::nullopt;
   const int in_t = index.tensor.at(c.inputs[0]);
   const int out_t = index.tensor.at(c.outputs[0]);
@@ -380,7 +383,7 @@ void DecomposeGraph(Graph& g, const Mesh& mesh, int rank, const CostModel& cost,
   std::vector<Rewrite> rewrites;
   std::unordered_set<int> claimed;  // op indices already in a rewrite
   for (int i = 0; i < static_cast<int>(g.ops.size()); ++i) {
-    std::optional<Candidate> cand = FindCandidate(g, index, i);
+    std::optional<Candidate> cand = FindCandidate(g, index, i, options.gather_scatter_only);
     if (!cand) continue;
     bool overlaps = false;
     for (int m : cand->matmuls) overlaps |= claimed.count(m) > 0;
@@ -398,8 +401,10 @@ void DecomposeGraph(Graph& g, const Mesh& mesh, int rank, const CostModel& cost,
     Decomposition best_info;
     for (int dim : cand->dims) {
       const int64_t size = g.tensors[index.tensor.at(g.ops[i].outputs[0])].shape[dim];
-      const int lo = options.force_chunks > 0 ? options.force_chunks : 2;
+      int lo = options.force_chunks > 0 ? options.force_chunks : 2;
       const int hi = options.force_chunks > 0 ? options.force_chunks : options.max_chunks;
+      if (options.force_chunks > 0 && options.force_at_most)
+        while (lo > 2 && size % lo != 0) --lo;
       for (int k = lo; k <= hi; ++k) {
         if (size % k != 0) continue;
         int id = next_id;

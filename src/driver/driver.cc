@@ -248,14 +248,14 @@ Result<std::vector<RunResult>> Compare(const Program& program, const std::vector
 
 std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& lb, const std::string& title) {
   std::string out = title + "\n";
-  out += fmt::format("{:<12} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>10} {:>12}\n", "scheduler", "iteration_ms",
+  out += fmt::format("{:<20} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>10} {:>12}\n", "scheduler", "iteration_ms",
                      "vs_best", "exposed_comm_ms", "overlap", "T/LB", "LB_ms", "fused_ops", "peak_mem_GiB");
   double best = 0;
   for (const auto& r : runs)
     if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us;
   for (const auto& r : runs) {
     const Summary& s = r.summary;
-    out += fmt::format("{:<12} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10.3f} {:>10} {:>12.2f}\n",
+    out += fmt::format("{:<20} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10.3f} {:>10} {:>12.2f}\n",
                        s.scheduler, s.makespan_us / 1e3, s.makespan_us / best, s.exposed_comm_us / 1e3,
                        100 * s.overlap_ratio, s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0,
                        s.bound.lower_bound_us / 1e3, r.scheduled.schedule.fusion_groups.size(),

@@ -127,8 +127,17 @@ bool IsLaunchOrder(const GraphPlan& plan, const GraphIndex& index);
 Result<GraphPlan> PlanSequential(const Graph& graph);
 Result<GraphPlan> PlanFifo(const Graph& graph);
 Result<GraphPlan> PlanDdp(const Graph& graph, const BaselineOptions& options);
-Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const BaselineOptions& options);
-Result<GraphPlan> PlanZero(const Graph& graph, const Mesh& mesh, const BaselineOptions& options);
+/// `tp_overlap`: the graph's tensor-parallel all-gathers and reduce-scatters
+/// were chunked with their GEMMs (TransformerEngine's userbuffers overlap):
+/// the chunks (ops named "<collective>.c<k>") run async beside the GEMM chunks.
+Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const BaselineOptions& options,
+                               bool tp_overlap = false);
+/// `overlap_comm`: DeepSpeed's overlap_comm for the gradient buckets: a
+/// bucket's reduction is issued on the reduction stream only after the
+/// compute stream waited for the previous bucket's (two ipg buffers, one
+/// filling while the other reduces).
+Result<GraphPlan> PlanZero(const Graph& graph, const Mesh& mesh, const BaselineOptions& options,
+                           bool overlap_comm = false);
 /// `keep_comm_order`: start comm ops in program order (needed when ranks
 /// run different graphs, so that their collective and send/recv orders
 /// still match); otherwise comm ops may be reordered.

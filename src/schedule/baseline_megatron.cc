@@ -12,11 +12,25 @@ namespace concerto::baseline {
 /// reduce-scatter) bucketed by parameter count: a bucket closes once it
 /// holds max(options.megatron_bucket_min_params, 1e6 x dp) elements, where
 /// dp is the size of the collective's group and elements are message bytes
-/// over the byte width of its first input. Buckets run async on the comm
-/// stream, launched when full; every other comm op (tensor/sequence parallel
-/// activations, pipeline send/recv) is synchronous: listed on the compute
-/// stream, except collectives on a group that also carries gradient buckets.
-Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const BaselineOptions& options) {
+/// over the byte width of its first input. Buckets run async on their
+/// group's stream, launched when full. Tensor/sequence-parallel collectives
+/// of the forward pass are synchronous (Megatron's mappings.py calls them
+/// without async_op, so they block the compute stream); those of the
+/// backward pass run async on the tp stream, each overlapping the compute
+/// that follows until its result is used (LinearWithGradAccumulationAnd-
+/// AsyncCommunication issues the input-gradient all-reduce / reduce-scatter
+/// and the sequence-parallel all-gather with async_op=True beside the
+/// weight-gradient GEMM). Every other comm op (pipeline send/recv, expert
+/// all-to-all) is synchronous, except collectives on a group that also
+/// carries gradient buckets. Sources: docs/schedulers.md, "Streams".
+/// Whether `name` is a chunk the decomposition pass made ("<name>.c<k>").
+bool IsChunkName(const std::string& name) {
+  const size_t dot = name.rfind(".c");
+  if (dot == std::string::npos || dot + 2 == name.size()) return false;
+  return std::all_of(name.begin() + static_cast<long>(dot) + 2, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const BaselineOptions& options, bool tp_overlap) {
   const GraphIndex index = GraphIndex::Build(graph);
   BucketRule rule;
   rule.size = [&](const Op& op) { return MessageElements(op, graph, index); };
@@ -34,8 +48,15 @@ Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const Basel
   // all-gather over dp) stays async on the comm stream too.
   std::set<std::string> async_groups;
   for (int i : grads) async_groups.insert(GroupSpecKey(graph.ops[i].group));
-  auto sync = [async_groups](const Op& op) {
+  auto sync = [async_groups, tp_overlap](const Op& op) {
     if (op.tags.purpose == "grad_sync") return false;
+    if (tp_overlap && op.kind == OpKind::kCollective && op.tags.purpose == "activation" &&
+        (op.collective == CollectiveType::kAllGather || op.collective == CollectiveType::kReduceScatter) &&
+        IsChunkName(op.name))
+      return false;  // userbuffers: chunk k communicates while GEMM chunk k+1 computes
+    if (op.kind == OpKind::kCollective && op.tags.phase == Phase::kBackward && op.tags.purpose == "activation" &&
+        op.group.axes == std::vector<std::string>{"tp"})
+      return false;  // the backward's tensor-parallel collectives overlap the weight-gradient GEMM
     return op.kind != OpKind::kCollective || !async_groups.count(GroupSpecKey(op.group));
   };
   return PlanBucketed(graph, std::move(grads), rule, sync, &index);

@@ -74,6 +74,38 @@ void AddPrefetchWindow(Graph& graph, const std::vector<int>& buckets, const Grap
   }
 }
 
+/// DeepSpeed's overlap_comm (stage_1_and_2.py, average_tensor): before a
+/// bucket's reduction is issued on the reduction stream, the compute stream
+/// waits for that stream, i.e. for the previous bucket's reduction, so one
+/// bucket reduces while the next fills its (second) ipg buffer. For bucket
+/// k >= 1 (`buckets`: op ids in closing order), the first compute op after
+/// bucket k's latest producer waits for bucket k-1. Each edge points forward
+/// in a topological order, so no cycle forms. Returns the edges added.
+int AddDoubleBuffer(Graph& graph, const std::vector<int>& buckets) {
+  const GraphIndex index = GraphIndex::Build(graph);
+  const std::vector<int> pos = *ProgramPositions(graph, index);
+  std::vector<int> order(pos.size());
+  for (size_t i = 0; i < pos.size(); ++i) order[pos[i]] = static_cast<int>(i);
+  std::vector<std::pair<int, int>> deps;  // (op index, op id it waits for)
+  for (size_t k = 1; k < buckets.size(); ++k) {
+    const int prev = index.op.at(buckets[k - 1]);
+    const int launch = LatestPredPos(index, pos, index.op.at(buckets[k]));
+    if (LatestPredPos(index, pos, prev) > launch) continue;
+    for (int q = launch + 1; q < static_cast<int>(order.size()); ++q) {
+      const Op& op = graph.ops[order[q]];
+      if (op.IsComm()) continue;
+      deps.push_back({order[q], graph.ops[prev].id});
+      break;
+    }
+  }
+  int added = 0;
+  for (const auto& [i, id] : deps) {
+    auto& cd = graph.ops[i].control_deps;
+    if (std::find(cd.begin(), cd.end(), id) == cd.end()) cd.push_back(id), ++added;
+  }
+  return added;
+}
+
 }  // namespace
 
 /// Gradients: bucketed in gradient-ready order up to
@@ -83,7 +115,7 @@ void AddPrefetchWindow(Graph& graph, const std::vector<int>& buckets, const Grap
 /// options.zero_prefetch_bucket_elements full-parameter elements (message
 /// elements x group size), launched as early as their inputs and the
 /// prefetch window (AddPrefetchWindow) allow. Other ops as fifo.
-Result<GraphPlan> PlanZero(const Graph& graph, const Mesh& mesh, const BaselineOptions& options) {
+Result<GraphPlan> PlanZero(const Graph& graph, const Mesh& mesh, const BaselineOptions& options, bool overlap_comm) {
   GraphPlan plan{graph, {}, {}, {}};
   std::vector<int> grad_ids, param_ids;  // stand-in op id per bucket
   {
@@ -123,6 +155,7 @@ Result<GraphPlan> PlanZero(const Graph& graph, const Mesh& mesh, const BaselineO
     for (size_t k = 0; k < idx.size(); ++k) param_ids[k] = plan.graph.ops[idx[k]].id;
     AddPrefetchWindow(plan.graph, param_ids, index, pos);  // the graph as indexed: only control deps change
   }
+  if (overlap_comm) AddDoubleBuffer(plan.graph, grad_ids);
   const GraphIndex index = GraphIndex::Build(plan.graph);
   std::vector<int> pos = *ProgramPositions(plan.graph, index);
   std::vector<LaunchKey> keys(plan.graph.ops.size());

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "baseline_internal.h"
+#include "concerto/decompose/decompose.h"
 #include "concerto/schedule/fusion.h"
 #include "concerto/schedule/scheduler.h"
 
@@ -416,7 +417,9 @@ static Result<GraphPlan> PlanGraph(const std::string& name, const Graph& graph, 
   if (name == "fifo") return PlanFifo(graph);
   if (name == "ddp") return PlanDdp(graph, options);
   if (name == "megatron") return PlanMegatron(graph, mesh, options);
+  if (name == "megatron-tp-overlap") return PlanMegatron(graph, mesh, options, /*tp_overlap=*/true);
   if (name == "zero") return PlanZero(graph, mesh, options);
+  if (name == "deepspeed-overlap") return PlanZero(graph, mesh, options, /*overlap_comm=*/true);
   assert(name == "xla-lhs");
   return PlanXlaLhs(graph, multi_graph);
 }
@@ -424,17 +427,32 @@ static Result<GraphPlan> PlanGraph(const std::string& name, const Graph& graph, 
 }  // namespace baseline
 
 std::vector<std::string> BaselineNames() {
-  return {"sequential", "fifo", "ddp", "megatron", "zero", "xla-lhs"};
+  return {"sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zero", "deepspeed-overlap", "xla-lhs"};
 }
 
-Result<ScheduledProgram> RunBaseline(const std::string& name, const Program& program,
-                                     const CostModel& /*cost*/, const BaselineOptions& options) {
+Result<ScheduledProgram> RunBaseline(const std::string& name, const Program& program_in,
+                                     const CostModel& cost, const BaselineOptions& options) {
   const std::vector<std::string> names = BaselineNames();
   if (std::find(names.begin(), names.end(), name) == names.end()) {
     std::string known;
     for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
     return Status::Error("unknown baseline scheduler '" + name + "' (known: " + known + ")");
   }
+  // megatron-tp-overlap: TransformerEngine chunks every tensor-parallel
+  // all-gather / reduce-scatter with its GEMM into te_overlap_chunks, whatever
+  // it costs (a fixed configuration, not a cost-model decision).
+  std::optional<Program> chunked;
+  if (name == "megatron-tp-overlap") {
+    chunked = program_in;
+    DecomposeOptions d;
+    d.force_chunks = options.te_overlap_chunks;
+    d.max_chunks = options.te_overlap_chunks;
+    d.gather_scatter_only = true;
+    d.force_at_most = true;
+    Result<DecomposeReport> r = DecomposeCollectives(*chunked, cost, d);
+    if (!r.ok()) return Status::Error(name + ": " + r.status().message());
+  }
+  const Program& program = chunked ? *chunked : program_in;
   ScheduledProgram out;
   out.schedule.scheduler = name;
   // The program with each planned graph moved in from its plan: the graphs

@@ -9,12 +9,15 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "../../src/schedule/baseline_internal.h"
+#include "concerto/cost/cluster.h"
 #include "concerto/ir/verifier.h"
+#include "concerto/lower/frontend.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/synthetic.h"
 #include "concerto/schedule/schedule.h"
@@ -242,7 +245,8 @@ Program DdpMlp() { return Mlp({2560, 2048, 1280, 123, 1279}, 8, DType::kF32, {{"
 
 TEST(BaselinesTest, NamesAndUnknownName) {
   EXPECT_EQ(BaselineNames(),
-            (std::vector<std::string>{"sequential", "fifo", "ddp", "megatron", "zero", "xla-lhs"}));
+            (std::vector<std::string>{"sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zero",
+                                      "deepspeed-overlap", "xla-lhs"}));
   FakeCost cost;
   Result<ScheduledProgram> sp = RunBaseline("nope", DdpMlp(), cost);
   ASSERT_FALSE(sp.ok());
@@ -377,14 +381,19 @@ TEST(BaselinesTest, MegatronMakesActivationCollectivesSynchronous) {
   BaselineOptions o;
   o.megatron_bucket_min_params = 1;  // bucket = max(1, 1e6 x 2) = 2,000,000 elements
   ScheduledProgram sp = RunChecked("megatron", p, o);
-  // Synchronous: each activation all-reduce stays on the comm stream but the
-  // next compute op in launch order waits for it (a control edge).
+  // Synchronous in the forward: each activation all-reduce stays on the comm
+  // stream but the next compute op in launch order waits for it (a control
+  // edge). In the backward they are async (Megatron's
+  // LinearWithGradAccumulationAndAsyncCommunication overlaps the input-gradient
+  // all-reduce with the weight-gradient GEMM): nothing waits but their users.
   const Graph& g = sp.program.graphs[0];
-  for (const char* a : {"act_ar.fwd.0", "act_ar.fwd.2", "act_ar.bwd.1", "act_ar.bwd.2"}) {
-    bool held = false;
-    for (const Op& op : g.ops) held |= !op.IsComm() && ControlDep(sp, op.name, a);
-    EXPECT_TRUE(held) << a;
-  }
+  auto held = [&](const char* a) {
+    bool h = false;
+    for (const Op& op : g.ops) h |= !op.IsComm() && ControlDep(sp, op.name, a);
+    return h;
+  };
+  for (const char* a : {"act_ar.fwd.0", "act_ar.fwd.2"}) EXPECT_TRUE(held(a)) << a;
+  for (const char* a : {"act_ar.bwd.1", "act_ar.bwd.2"}) EXPECT_FALSE(held(a)) << a;
   // Layer 2 then 1: 1,048,576 < 2e6; + 1,048,576 = 2,097,152 >= 2e6: close.
   // Layer 0 alone stays open to the end (not fused).
   ASSERT_EQ(sp.schedule.fusion_groups.size(), 1u);
@@ -455,6 +464,74 @@ TEST(BaselinesTest, ZeroWithoutGathersBucketsGradientAllReduces) {
   EXPECT_EQ(sp.schedule.fusion_groups[0].members,
             (std::vector<int>{IdOf(p, "grad_ar.3"), IdOf(p, "grad_ar.2"), IdOf(p, "grad_ar.1")}));
   EXPECT_EQ(StreamIds(sp, "comm").size(), 2u);
+}
+
+TEST(BaselinesTest, DeepSpeedOverlapCommDoubleBuffersTheReduceBuckets) {
+  // Elements in gradient-ready order: grad_ar.3 157,317; .2 157,440; .1
+  // 2,621,440; .0 5,242,880. Cap 200,000: each gradient is a bucket of its
+  // own. With overlap_comm, issuing bucket k makes the compute stream wait
+  // for bucket k-1 (DeepSpeed's average_tensor: current_stream waits for the
+  // reduction stream before the next reduction is enqueued), so the first
+  // compute op after bucket k's producer waits for bucket k-1:
+  //   bucket .2 is issued after bwd.dw.2 -> bwd.dx.2 waits for grad_ar.3
+  //   bucket .1 after bwd.dw.1           -> bwd.dx.1 waits for grad_ar.2
+  //   bucket .0 after bwd.dw.0           -> adam.0 (layer 0 has no dx) waits for grad_ar.1
+  Program p = DdpMlp();
+  BaselineOptions o;
+  o.zero_reduce_bucket_elements = 200000;
+  ScheduledProgram overlap = RunChecked("deepspeed-overlap", p, o);
+  ScheduledProgram plain = RunChecked("zero", p, o);
+  EXPECT_TRUE(overlap.schedule.fusion_groups.empty());
+  const std::vector<std::pair<std::string, std::string>> waits = {
+      {"bwd.dx.2", "grad_ar.3"}, {"bwd.dx.1", "grad_ar.2"}, {"adam.0", "grad_ar.1"}};
+  for (const auto& [after, before] : waits) {
+    EXPECT_TRUE(ControlDep(overlap, after, before)) << after << " <- " << before;
+    EXPECT_FALSE(ControlDep(plain, after, before)) << after << " <- " << before;
+  }
+  // Simulated, the waits cost time only when a reduction outlasts the next
+  // bucket's compute; never less than zero's makespan.
+  FakeCost cost;
+  EXPECT_GE(Simulate(overlap, cost).value().makespan_us, Simulate(plain, cost).value().makespan_us);
+}
+
+TEST(BaselinesTest, MegatronTpOverlapChunksSequenceParallelCollectivesAsync) {
+  // llama-tiny tp=2 with sequence parallelism: every all-gather before a
+  // column-parallel GEMM and every reduce-scatter after a row-parallel one is
+  // chunked with its GEMM (4 chunks, TransformerEngine's pipeline default),
+  // and the chunks run async (no compute op waits for one but its users);
+  // the remaining collectives follow megatron (forward ones synchronous).
+  Program p = LowerModelPlan("llama-tiny", "tp=2,sp").value();
+  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
+  Result<ScheduledProgram> sp = RunBaseline("megatron-tp-overlap", p, cost);
+  ASSERT_TRUE(sp.ok()) << sp.status().message();
+  EXPECT_TRUE(VerifySchedule(sp->program, sp->schedule).empty());
+  EXPECT_TRUE(VerifyProgram(sp->program).empty());
+  const Graph& g = sp->program.graphs[0];
+  std::set<int> chunk_ids;
+  int gathers = 0, scatters = 0;
+  for (const Op& op : g.ops) {
+    if (op.kind != OpKind::kCollective || op.name.find(".c") == std::string::npos) continue;
+    chunk_ids.insert(op.id);
+    gathers += op.collective == CollectiveType::kAllGather;
+    scatters += op.collective == CollectiveType::kReduceScatter;
+  }
+  EXPECT_GT(gathers, 0);
+  EXPECT_GT(scatters, 0);
+  EXPECT_EQ(chunk_ids.size() % 4, 0u);
+  for (const Op& op : g.ops)
+    for (int d : op.control_deps) EXPECT_FALSE(chunk_ids.count(d)) << op.name << " is held by a chunk";
+  // Without sequence parallelism nothing is chunked: the same as megatron.
+  Program q = LowerModelPlan("llama-tiny", "tp=2").value();
+  const Schedule a = RunBaseline("megatron-tp-overlap", q, cost).value().schedule;
+  const Schedule b = RunBaseline("megatron", q, cost).value().schedule;
+  ASSERT_EQ(a.roles.size(), b.roles.size());
+  for (size_t r = 0; r < a.roles.size(); ++r) {
+    ASSERT_EQ(a.roles[r].streams.size(), b.roles[r].streams.size());
+    for (size_t k = 0; k < a.roles[r].streams.size(); ++k)
+      EXPECT_EQ(a.roles[r].streams[k].op_ids, b.roles[r].streams[k].op_ids) << a.roles[r].streams[k].stream;
+  }
+  Result<Timeline> t = Simulate(*sp, cost);
+  ASSERT_TRUE(t.ok()) << t.status().message();
 }
 
 TEST(BaselinesTest, XlaMovesIndependentComputeBetweenCollectiveAndConsumer) {

@@ -431,12 +431,13 @@ std::vector<Case> Cases() {
       {"dp=2", {"ddp", "xla-lhs", "concerto"}},
       {"tp=2", {"megatron", "sequential"}},
       {"dp=2,tp=2", {"ddp", "megatron", "concerto"}},
-      {"tp=2,sp", {"ddp", "xla-lhs"}},
+      {"tp=2,sp", {"ddp", "xla-lhs", "megatron-tp-overlap"}},
       {"dp=2,zero=1", {"zero"}},
-      {"dp=2,zero=2", {"zero"}},
+      {"dp=2,zero=2", {"zero", "deepspeed-overlap"}},
       {"dp=2,zero=3", {"zero", "concerto"}},
       {"pp=2,microbatches=2", {"sequential", "xla-lhs", "concerto"}}};
-  const std::vector<std::string> all = {"sequential", "ddp", "megatron", "zero", "xla-lhs", "concerto"};
+  const std::vector<std::string> all = {"sequential", "ddp",       "megatron", "megatron-tp-overlap",
+                                        "zero",       "deepspeed-overlap", "xla-lhs",  "concerto"};
   std::vector<Case> cases;
   for (const std::string model : {"gpt-tiny", "llama-tiny"})
     for (const std::string& plan : Plans()) {

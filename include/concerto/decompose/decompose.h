@@ -29,6 +29,12 @@ struct DecomposeOptions {
   /// Compute slowdown while communication is in flight, for the estimate;
   /// negative: the cluster's value (as the simulator).
   double interference = -1;
+  /// Only all-gathers and reduce-scatters (sequence parallelism), the
+  /// collectives TransformerEngine's userbuffers overlap chunks.
+  bool gather_scatter_only = false;
+  /// With force_chunks: when it does not divide the dimension, the largest
+  /// chunk count below it that does (down to 2) instead of skipping.
+  bool force_at_most = false;
 };
 
 /// One rewrite: collective `collective` of graph `graph` and the matmul(s)
