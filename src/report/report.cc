@@ -106,6 +106,7 @@ Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const Co
     }
   }
   s.overlap_ratio = s.comm_busy_us > 0 ? 1.0 - s.exposed_comm_us / s.comm_busy_us : 1.0;
+  s.link_sharing_delay_us = timeline.link_sharing_delay_us;
   MemoryPeak peak = PeakMemory(p, timeline);
   s.peak_memory_bytes = peak.peak_bytes;
   s.peak_memory_rank = peak.rank;
@@ -143,6 +144,7 @@ json SummaryJson(const Summary& s) {
   j["compute_busy_us"] = s.compute_busy_us;
   j["comm_busy_us"] = s.comm_busy_us;
   j["overlap_ratio"] = s.overlap_ratio;
+  j["link_sharing_delay_us"] = s.link_sharing_delay_us;
   j["peak_memory_bytes"] = s.peak_memory_bytes;
   j["peak_memory_rank"] = s.peak_memory_rank;
   j["report_rank"] = s.report_rank;

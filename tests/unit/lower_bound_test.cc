@@ -141,6 +141,12 @@ TEST(LowerBoundTest, SharedLinkLoadIsABound) {
   EXPECT_DOUBLE_EQ(lb.fill_drain_us, 65);
   EXPECT_DOUBLE_EQ(lb.lower_bound_us, 65);
   EXPECT_DOUBLE_EQ(testing::BruteForceOptimum(p, cost), 65);
+  // fifo's timeline: each all-reduce ran 20 us past its price (ar1 20 -> 40,
+  // ar2 30 -> 50), and the timeline says so.
+  Result<Timeline> t = Simulate(RunBaseline("fifo", p, cost).value(), cost);
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  EXPECT_DOUBLE_EQ(t->makespan_us, 65);
+  EXPECT_NEAR(t->link_sharing_delay_us, 40, 1e-9);
   // Without sharing (topology.share_links false) the bound has no link term
   // to add: the two transfers overlap for free, 10 + 30 + 5 = 45.
   ClusterSpec free_links = OneNodeOfFour();

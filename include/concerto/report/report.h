@@ -34,6 +34,9 @@ struct Summary {
   double comm_busy_us = 0;     // on report_rank: time some comm op runs
   double exposed_comm_us = 0;  // on report_rank: comm running, compute idle
   double overlap_ratio = 0;    // 1 - exposed / comm busy
+  /// Summed over simulated ranks' comm ops: time they ran past their price
+  /// because transfers in flight together shared links (docs/cost-model.md).
+  double link_sharing_delay_us = 0;
   int64_t peak_memory_bytes = 0;  // largest over simulated ranks (sim/memory.h)
   int peak_memory_rank = 0;
   int num_ops = 0;             // ops per simulated rank, summed over roles
