@@ -29,6 +29,7 @@ ConcertoOptions ToConcertoOptions(const Options& options) {
   c.time_budget_s = options.Get("time-budget");
   c.baselines = ToBaselineOptions(options);
   c.sim.interference = options.Get("interference");
+  c.sim.share_links = static_cast<int>(options.Get("share-links"));
   c.memory_budget_bytes = static_cast<int64_t>(options.Get("memory-budget"));
   c.list_schedule = options.Get("list-schedule") != 0;
   return c;
@@ -122,6 +123,7 @@ namespace {
 SimOptions ToSimOptions(const Options& options) {
   SimOptions s;
   s.interference = options.Get("interference");
+  s.share_links = static_cast<int>(options.Get("share-links"));
   s.all_ranks = options.all_ranks;
   return s;
 }

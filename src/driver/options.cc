@@ -10,6 +10,9 @@ const std::vector<OptionSpec>& OptionTable() {
   static const std::vector<OptionSpec> table = {
       {"interference", "fraction", -1, -1, 10,
        "compute slowdown while a collective is in flight (0.2 = 20% slower); -1 takes the cluster's value"},
+      {"share-links", "0/1", -1, 0, 1,
+       "1: transfers in flight together share each link max-min fairly; 0: every transfer at its price "
+       "(the model without link contention); default -1 takes the cluster's topology.share_links"},
       {"ddp-first-bucket", "MiB", 1, 0.001, 1 << 20, "DDP: size of the first gradient bucket"},
       {"ddp-bucket", "MiB", 25, 0.001, 1 << 20, "DDP: size of later gradient buckets"},
       {"megatron-bucket", "parameters", 4e7, 1, 1e12,
