@@ -29,6 +29,17 @@ check missing_file 1 "$BIN" validate "$TMP/none.json"
 contains missing_file_names_it "$TMP/err" "none.json"
 check option_out_of_range 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference 99
 contains option_message "$TMP/err" "option --interference: 99 fraction is out of range [-1, 10]"
+check option_negative_sentinel 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference -0.5
+contains option_negative_message "$TMP/err" "option --interference: -0.5 is negative; give -1 for the cluster's value"
+check option_sentinel_ok 0 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference -1 --share-links 0
+check share_links_not_a_switch 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --share-links 0.5
+# An input that makes the simulated time overflow is a bad input (exit 1), not "iteration inf ms".
+printf '%s' '{"format": "concerto-ir", "version": 1, "name": "big", "mesh": {"axes": [{"name": "dp", "size": 1}]},
+ "graphs": [{"name": "main", "tensors": [{"name": "x", "shape": [4], "dtype": "f32"}, {"name": "y", "shape": [4], "dtype": "f32"}, {"name": "z", "shape": [4], "dtype": "f32"}],
+  "ops": [{"id": 0, "name": "a", "kind": "compute", "type": "scale", "inputs": ["x"], "outputs": ["y"], "duration_us": 1e308},
+          {"id": 1, "name": "b", "kind": "compute", "type": "scale", "inputs": ["y"], "outputs": ["z"], "duration_us": 1e308}]}]}' > "$TMP/big.json"
+check overflow_is_bad_input 1 "$BIN" simulate "$TMP/big.json" --scheduler fifo
+contains overflow_message "$TMP/err" "overflows"
 check option_not_a_switch 2 "$BIN" schedule "$ROOT/tests/golden/overlap_fifo.json" --list-schedule 0.5 -o "$TMP/s.json"
 contains option_switch_message "$TMP/err" "option --list-schedule: 0.5 is not 0 or 1"
 check bad_cluster 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --cluster no-such-cluster

@@ -1,6 +1,7 @@
 // Cluster presets, the cluster-file reader (YAML or JSON) and validation.
 // Every preset value and its source is listed in docs/cost-model.md.
 #include "concerto/cost/cluster.h"
+#include "concerto/util/json_text.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -150,8 +151,21 @@ struct FileNode {
   std::vector<FileNode> values;
 };
 
+/// How deep a cluster file's maps may nest (the format needs 3 levels); a
+/// deeper value, or a YAML alias that contains itself, reads as "nested too
+/// deep" instead of recursing without end.
+constexpr int kMaxFileDepth = 32;
+
+FileNode TooDeep() {
+  FileNode n;
+  n.kind = FileNode::Kind::kOther;
+  n.text = "a value nested deeper than " + std::to_string(kMaxFileDepth) + " levels";
+  return n;
+}
+
 /// Converts a yaml-cpp node (which may throw on malformed input; callers catch).
-FileNode FromYaml(const YAML::Node& y) {
+FileNode FromYaml(const YAML::Node& y, int depth = 0) {
+  if (depth > kMaxFileDepth) return TooDeep();
   FileNode n;
   switch (y.Type()) {
     case YAML::NodeType::Null:
@@ -172,7 +186,7 @@ FileNode FromYaml(const YAML::Node& y) {
       n.kind = FileNode::Kind::kMap;
       for (const auto& kv : y) {
         n.keys.push_back(kv.first.IsScalar() ? kv.first.Scalar() : std::string("?"));
-        n.values.push_back(FromYaml(kv.second));
+        n.values.push_back(FromYaml(kv.second, depth + 1));
       }
       break;
   }
@@ -180,7 +194,8 @@ FileNode FromYaml(const YAML::Node& y) {
 }
 
 /// Converts a parsed JSON value.
-FileNode FromJson(const nlohmann::json& j) {
+FileNode FromJson(const nlohmann::json& j, int depth = 0) {
+  if (depth > kMaxFileDepth) return TooDeep();
   FileNode n;
   if (j.is_null()) {
     n.kind = FileNode::Kind::kNull;
@@ -191,16 +206,16 @@ FileNode FromJson(const nlohmann::json& j) {
     n.quoted = true;
   } else if (j.is_number() || j.is_boolean()) {
     n.kind = FileNode::Kind::kScalar;
-    n.text = j.dump();
+    n.text = DescribeJson(j);
   } else if (j.is_object()) {
     n.kind = FileNode::Kind::kMap;
     for (auto it = j.begin(); it != j.end(); ++it) {
       n.keys.push_back(it.key());
-      n.values.push_back(FromJson(it.value()));
+      n.values.push_back(FromJson(it.value(), depth + 1));
     }
   } else {
     n.kind = FileNode::Kind::kOther;
-    n.text = j.dump();
+    n.text = DescribeJson(j);
   }
   return n;
 }
@@ -544,7 +559,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
                    {"network_crosses_intra_link", t.network_crosses_intra_link},
                    {"share_links", t.share_links},
                    {"interference_growth", t.interference_growth}};
-  return j.dump(2) + "\n";
+  return DumpJson(j, 2) + "\n";
 }
 
 }  // namespace concerto

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "concerto/cost/cost_model.h"
+#include "concerto/util/json_text.h"
 
 namespace concerto {
 namespace {
@@ -152,21 +153,21 @@ Result<ProfileDb> ProfileDb::Read(const std::string& path) {
                            "': unknown key (known: format, version, entries)");
   if (!j.contains("format") || !j["format"].is_string() || j["format"] != kProfileFormat)
     return Status::Error(path + ": field 'format': must be \"" + kProfileFormat + "\", got " +
-                         (j.contains("format") ? j["format"].dump() : "nothing"));
+                         (j.contains("format") ? DescribeJson(j["format"]) : "nothing"));
   if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != kProfileVersion)
     return Status::Error(path + ": field 'version': this build reads version " +
                          std::to_string(kProfileVersion) + ", got " +
-                         (j.contains("version") ? j["version"].dump() : "nothing"));
+                         (j.contains("version") ? DescribeJson(j["version"]) : "nothing"));
   if (!j.contains("entries") || !j["entries"].is_array())
     return Status::Error(path + ": field 'entries': must be a list, got " +
-                         (j.contains("entries") ? j["entries"].dump() : "nothing"));
+                         (j.contains("entries") ? DescribeJson(j["entries"]) : "nothing"));
   ProfileDb db;
   std::map<std::pair<std::string, std::string>, size_t> first_seen;
   const auto& entries = j["entries"];
   for (size_t i = 0; i < entries.size(); ++i) {
     const auto& e = entries[i];
     const std::string where = path + ": entry " + std::to_string(i);
-    if (!e.is_object()) return Status::Error(where + ": must be an object, got " + e.dump());
+    if (!e.is_object()) return Status::Error(where + ": must be an object, got " + DescribeJson(e));
     for (auto it = e.begin(); it != e.end(); ++it)
       if (it.key() != "device" && it.key() != "signature" && it.key() != "duration_us")
         return Status::Error(where + ": field '" + it.key() +
@@ -174,11 +175,11 @@ Result<ProfileDb> ProfileDb::Read(const std::string& path) {
     for (const char* field : {"device", "signature"})
       if (!e.contains(field) || !e[field].is_string() || e[field].get<std::string>().empty())
         return Status::Error(where + ": field '" + field + "': must be a non-empty string, got " +
-                             (e.contains(field) ? e[field].dump() : "nothing"));
+                             (e.contains(field) ? DescribeJson(e[field]) : "nothing"));
     if (!e.contains("duration_us") || !e["duration_us"].is_number() ||
         !std::isfinite(e["duration_us"].get<double>()) || e["duration_us"].get<double>() < 0)
       return Status::Error(where + ": field 'duration_us': must be a finite non-negative number, got " +
-                           (e.contains("duration_us") ? e["duration_us"].dump() : "nothing"));
+                           (e.contains("duration_us") ? DescribeJson(e["duration_us"]) : "nothing"));
     std::pair<std::string, std::string> key = {e["device"].get<std::string>(),
                                                e["signature"].get<std::string>()};
     auto [pos, inserted] = first_seen.emplace(key, i);
@@ -198,7 +199,7 @@ std::string ProfileDb::Write() const {
   for (const auto& [key, duration_us] : entries_)
     j["entries"].push_back(
         {{"device", key.first}, {"signature", key.second}, {"duration_us", duration_us}});
-  return j.dump(2) + "\n";
+  return DumpJson(j, 2) + "\n";
 }
 
 PricedOp ProfiledCostModel::Price(const Op& op, const PriceContext& ctx) const {

@@ -10,7 +10,7 @@ const std::vector<OptionSpec>& OptionTable() {
   static const std::vector<OptionSpec> table = {
       {"interference", "fraction", -1, -1, 10,
        "compute slowdown while a collective is in flight (0.2 = 20% slower); -1 takes the cluster's value"},
-      {"share-links", "0/1", -1, 0, 1,
+      {"share-links", "0/1", -1, -1, 1,
        "1: transfers in flight together share each link max-min fairly; 0: every transfer at its price "
        "(the model without link contention); default -1 takes the cluster's topology.share_links"},
       {"ddp-first-bucket", "MiB", 1, 0.001, 1 << 20, "DDP: size of the first gradient bucket"},
@@ -51,7 +51,12 @@ Status Options::Set(const std::string& name, double value) {
     if (!std::isfinite(value) || value < spec.min_value || value > spec.max_value)
       return Status::Error(fmt::format("option --{}: {} {} is out of range [{}, {}]", name, value, spec.unit,
                                        spec.min_value, spec.max_value));
-    if (spec.unit == "0/1" && value != 0 && value != 1)
+    // A range that starts at -1 uses -1 as "the default's source" (the
+    // cluster's value): other negative values mean nothing and are errors.
+    if (spec.min_value == -1 && value < 0 && value != -1)
+      return Status::Error(fmt::format("option --{}: {} is negative; give -1 for the cluster's value or a value >= 0",
+                                       name, value));
+    if (spec.unit == "0/1" && value != 0 && value != 1 && !(spec.min_value == -1 && value == -1))
       return Status::Error(fmt::format("option --{}: {} is not 0 or 1", name, value));
     values_[name] = value;
     return Status::Ok();

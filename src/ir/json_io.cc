@@ -1,6 +1,7 @@
 // JSON text form of Programs: a strict reader with messages that name the
 // file, graph, op and field, and a canonical writer (docs/ir.md).
 #include "concerto/ir/json_io.h"
+#include "concerto/util/json_text.h"
 
 #include <algorithm>
 #include <cmath>
@@ -286,7 +287,7 @@ class Reader {
     if (lo >= 0 && x < 0) return Fail(where, field, "negative value " + std::to_string(x));
     if (too_big || x < lo || x > hi)
       return Fail(where, field,
-                  "value " + v.dump() + " is outside [" + std::to_string(lo) + ", " +
+                  "value " + DescribeJson(v) + " is outside [" + std::to_string(lo) + ", " +
                       std::to_string(hi) + "]");
     *out = x;
     return Status::Ok();
@@ -311,7 +312,7 @@ class Reader {
     CONCERTO_RETURN_IF_ERROR(Expect(*v, JType::kNumber, where, key));
     double x = v->get<double>();
     if (!std::isfinite(x)) return Fail(where, key, "non-finite value");
-    if (x < 0) return Fail(where, key, "negative value " + v->dump());
+    if (x < 0) return Fail(where, key, "negative value " + DescribeJson(*v));
     *out = x;
     return Status::Ok();
   }

@@ -426,7 +426,10 @@ Result<ParallelPlan> ParsePlanFile(const std::string& text, const std::string& s
                                                   "microbatches", "dap", "vstages"};
   std::string text_plan;
   for (const auto& item : root) {
-    const std::string key = item.first.as<std::string>();
+    if (!item.first.IsScalar())
+      return Status::Error(source + ": line " + std::to_string(item.first.Mark().line + 1) +
+                           ": a key must be a plan key name (dp, tp, pp, ...), not a list or map");
+    const std::string key = item.first.Scalar();
     const YAML::Node& value = item.second;
     const std::string where = source + ": key '" + key + "'";
     if (key == "order" && value.IsSequence()) {  // [dp, tp, pp]

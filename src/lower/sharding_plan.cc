@@ -2,6 +2,7 @@
 // unsharded with the plan's global batch before partitioning it
 // (src/lower/partitioner.cc). Syntax: docs/frontends.md.
 #include "concerto/lower/sharding_plan.h"
+#include "concerto/util/json_text.h"
 
 #include <nlohmann/json.hpp>
 
@@ -39,12 +40,12 @@ class ShardingParser {
     if (root_.contains("default")) {
       const ojson& d = root_["default"];
       if (!d.is_string() || d.get<std::string>() != "replicated")
-        return Fail("field 'default': only \"replicated\" is supported, got " + d.dump());
+        return Fail("field 'default': only \"replicated\" is supported, got " + DescribeJson(d));
     }
     if (root_.contains("global_batch")) {
       const ojson& b = root_["global_batch"];
       if (!b.is_number_integer() || b.get<int64_t>() < 1)
-        return Fail("field 'global_batch': must be a positive integer, got " + b.dump());
+        return Fail("field 'global_batch': must be a positive integer, got " + DescribeJson(b));
       plan_.global_batch = b.get<int64_t>();
     }
     if (root_.contains("tensors")) {
@@ -69,7 +70,7 @@ class ShardingParser {
     for (const auto& [name, size] : mesh.items()) {
       if (name.empty()) return Fail("mesh: an axis name is empty");
       if (!size.is_number_integer() || size.get<int64_t>() < 1)
-        return Fail("mesh: axis '" + name + "': size must be an integer >= 1, got " + size.dump());
+        return Fail("mesh: axis '" + name + "': size must be an integer >= 1, got " + DescribeJson(size));
       ranks *= size.get<int64_t>();
       if (ranks > (int64_t{1} << 20)) return Fail("mesh: more than 2^20 ranks");
       plan_.mesh.axes.push_back({name, static_cast<int>(size.get<int64_t>())});
@@ -79,7 +80,7 @@ class ShardingParser {
 
   /// One axis name of `where`, which must be a mesh axis.
   Result<std::string> Axis(const ojson& v, const std::string& where) const {
-    if (!v.is_string()) return Fail(where + ": expected a mesh axis name, got " + v.dump());
+    if (!v.is_string()) return Fail(where + ": expected a mesh axis name, got " + DescribeJson(v));
     const std::string a = v.get<std::string>();
     if (plan_.mesh.AxisIndex(a) < 0) {
       std::string known;
@@ -99,7 +100,7 @@ class ShardingParser {
       axes.push_back(*a);
       return axes;
     }
-    if (!v.is_array()) return Fail(where + ": expected an axis, a list of axes or [], got " + v.dump());
+    if (!v.is_array()) return Fail(where + ": expected an axis, a list of axes or [], got " + DescribeJson(v));
     for (const ojson& e : v) {
       Result<std::string> a = Axis(e, where);
       if (!a.ok()) return a.status();
@@ -126,7 +127,7 @@ class ShardingParser {
           return Fail(where + ": field 'segments': expected a non-empty list of sizes");
         for (const ojson& s : value) {
           if (!s.is_number_integer() || s.get<int64_t>() < 1)
-            return Fail(where + ": field 'segments': sizes must be integers >= 1, got " + s.dump());
+            return Fail(where + ": field 'segments': sizes must be integers >= 1, got " + DescribeJson(s));
           dim.segments.push_back(s.get<int64_t>());
         }
       } else {
@@ -143,12 +144,12 @@ class ShardingParser {
     if (pattern.empty()) return Fail("tensors: an empty pattern");
     if (spec.is_string()) {
       if (spec.get<std::string>() != "replicated")
-        return Fail(where + ": expected \"replicated\" or one entry per dimension, got " + spec.dump());
+        return Fail(where + ": expected \"replicated\" or one entry per dimension, got " + DescribeJson(spec));
       rule.replicated = true;
       return rule;
     }
     if (!spec.is_array())
-      return Fail(where + ": expected \"replicated\" or one entry per dimension, got " + spec.dump());
+      return Fail(where + ": expected \"replicated\" or one entry per dimension, got " + DescribeJson(spec));
     std::set<std::string> used;
     for (size_t d = 0; d < spec.size(); ++d) {
       Result<DimSharding> dim = ParseDim(spec[d], where + ": dim " + std::to_string(d));

@@ -1,4 +1,5 @@
 #include "concerto/report/report.h"
+#include "concerto/util/json_text.h"
 
 #include <algorithm>
 #include <map>
@@ -197,7 +198,7 @@ std::string ChromeTrace(const ScheduledProgram& sp, const Timeline& timeline) {
   }
   json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
                 {"otherData", {{"scheduler", sp.schedule.scheduler}, {"makespan_us", timeline.makespan_us}}}};
-  return trace.dump() + "\n";
+  return DumpJson(trace) + "\n";
 }
 
 }  // namespace concerto

@@ -378,7 +378,7 @@ class RankExecutor {
   const ScheduledProgram& sp_;
   const Mesh& mesh_;
   Communicator& comm_;
-  const RunOptions& options_;
+  const RunOptions options_;  // a copy: callers may pass a temporary (the stream threads outlive it)
   Clock::time_point epoch_;
   int rank_;
   const Role* role_ = nullptr;

@@ -1,6 +1,7 @@
 // Profiling: kernels by signature, collectives by (type, group, bytes), and
 // the least-squares fits that turn them into a cpu-local cluster spec.
 #include "concerto/runtime/profile.h"
+#include "concerto/util/json_text.h"
 
 #include <algorithm>
 #include <array>
@@ -349,7 +350,7 @@ std::string WriteCollectiveSamples(const std::vector<CollectiveSample>& samples,
   for (const CollectiveSample& s : samples)
     j["samples"].push_back({{"collective", ToString(s.spec.type)}, {"group_size", s.spec.group_size},
                             {"bytes", s.spec.bytes}, {"time_us", s.time_us}, {"reps", s.reps}});
-  return j.dump(1) + "\n";
+  return DumpJson(j, 1) + "\n";
 }
 
 namespace {
@@ -757,7 +758,7 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
                             {"overlapped_us", k.overlapped_us},
                             {"alone_reps", k.alone_reps},
                             {"overlapped_reps", k.overlapped_reps}});
-  return j.dump(1) + "\n";
+  return DumpJson(j, 1) + "\n";
 }
 
 Result<InterferenceMeasurement> ReadInterference(const std::string& path) {

@@ -1,8 +1,10 @@
 #include "concerto/schedule/schedule.h"
+#include "concerto/util/json_text.h"
 
 #include <algorithm>
 #include <cassert>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -57,7 +59,7 @@ std::string WriteSchedule(const Schedule& schedule) {
   j["fusion_groups"] = json::array();
   for (const auto& f : schedule.fusion_groups)
     j["fusion_groups"].push_back({{"role", f.role}, {"fused_op", f.fused_op}, {"members", f.members}});
-  return j.dump(1) + "\n";
+  return DumpJson(j, 1) + "\n";
 }
 
 namespace {
@@ -70,6 +72,40 @@ Status Field(const json& j, const char* key, const std::string& where, T* out) {
     *out = j.at(key).get<T>();
   } catch (const json::exception&) {
     return Status::Error(where + ": field '" + key + "' has the wrong type");
+  }
+  return Status::Ok();
+}
+
+/// A JSON number that is a whole number in int's range (an op id): 1.5,
+/// 4294967297 or "3" are errors, not silently truncated.
+Status IntValue(const json& v, const std::string& what, int* out) {
+  if (!v.is_number_integer() ||
+      (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int>::max())
+                              : v.get<int64_t>() < std::numeric_limits<int>::min() ||
+                                    v.get<int64_t>() > std::numeric_limits<int>::max()))
+    return Status::Error(what + " must be a whole number in [" + std::to_string(std::numeric_limits<int>::min()) +
+                         ", " + std::to_string(std::numeric_limits<int>::max()) + "], got " + DescribeJson(v));
+  *out = static_cast<int>(v.get<int64_t>());
+  return Status::Ok();
+}
+
+template <>
+Status Field<int>(const json& j, const char* key, const std::string& where, int* out) {
+  if (!j.is_object() || !j.contains(key)) return Status::Error(where + ": missing field '" + key + "'");
+  return IntValue(j.at(key), where + ": field '" + key + "'", out);
+}
+
+template <>
+Status Field<std::vector<int>>(const json& j, const char* key, const std::string& where, std::vector<int>* out) {
+  if (!j.is_object() || !j.contains(key)) return Status::Error(where + ": missing field '" + key + "'");
+  const json& v = j.at(key);
+  if (!v.is_array())
+    return Status::Error(where + ": field '" + key + "' must be a list of op ids, got " + DescribeJson(v));
+  out->clear();
+  for (size_t i = 0; i < v.size(); ++i) {
+    int x = 0;
+    CONCERTO_RETURN_IF_ERROR(IntValue(v[i], where + ": field '" + key + "'[" + std::to_string(i) + "]", &x));
+    out->push_back(x);
   }
   return Status::Ok();
 }
@@ -108,6 +144,8 @@ Result<Schedule> ParseSchedule(const std::string& text, const std::string& sourc
     s.roles.push_back(std::move(rs));
   }
   if (j.contains("fusion_groups")) {
+    if (!j["fusion_groups"].is_array())
+      return Status::Error(source + ": field 'fusion_groups' must be a list, got " + DescribeJson(j["fusion_groups"]));
     for (size_t i = 0; i < j["fusion_groups"].size(); ++i) {
       const json& jf = j["fusion_groups"][i];
       std::string where = source + ": fusion_groups[" + std::to_string(i) + "]";

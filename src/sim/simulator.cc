@@ -142,6 +142,7 @@ class Simulator {
     }
     if (finished_ < static_cast<long>(total_ops_)) return Deadlock();
     Collect();
+    if (!std::isfinite(timeline_.makespan_us)) return Overflow();
     return std::move(timeline_);
   }
 
@@ -498,6 +499,17 @@ class Simulator {
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
     for (int ts : touched) TryStart(sr, ts);
+  }
+
+  /// Durations each finite can add up past what a double holds: say so
+  /// (naming the longest op) instead of reporting an infinite iteration.
+  Status Overflow() const {
+    int longest = 0;
+    for (int gid = 1; gid < static_cast<int>(total_ops_); ++gid)
+      if (duration_[gid] > duration_[longest]) longest = gid;
+    return Status::Error("the simulated iteration overflows (its time is not a finite number of microseconds); the "
+                         "longest op is rank " + std::to_string(RankOf(longest)) + " " + OpLabel(OpOf(longest)) +
+                         " at " + std::to_string(duration_[longest]) + " us: check the program's durations");
   }
 
   Status Deadlock() {

@@ -127,6 +127,22 @@ TEST(FusionTest, FusesTwoAllReducesIntoOneOp) {
   EXPECT_TRUE(VerifyGraph(b.g, b.mesh).empty());
 }
 
+TEST(FusionTest, MeasuredDurationsAreKept) {
+  // Both members measured (30 and 12 us): the fused op gets their sum, 42 us
+  // (one launch instead of two, so an upper bound), not nothing.
+  Builder b = TwoGrads();
+  b.g.ops[IndexOf(b.g, 2)].duration_us = 30;
+  b.g.ops[IndexOf(b.g, 3)].duration_us = 12;
+  ASSERT_TRUE(FuseCollectives(b.g, {{2, 3}}).ok());
+  ASSERT_TRUE(b.g.ops[IndexOf(b.g, 6)].duration_us.has_value());
+  EXPECT_EQ(*b.g.ops[IndexOf(b.g, 6)].duration_us, 42);
+  // One member unmeasured: the cost model prices the fused op whole.
+  Builder c = TwoGrads();
+  c.g.ops[IndexOf(c.g, 2)].duration_us = 30;
+  ASSERT_TRUE(FuseCollectives(c.g, {{2, 3}}).ok());
+  EXPECT_FALSE(c.g.ops[IndexOf(c.g, 6)].duration_us.has_value());
+}
+
 TEST(FusionTest, MemberOrderDecidesInputOrderNotProgramOrder) {
   Builder b = TwoGrads();
   Result<std::vector<int>> ids = FuseCollectives(b.g, {{3, 2}});

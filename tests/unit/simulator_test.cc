@@ -10,6 +10,7 @@
 #include "concerto/sim/memory.h"
 #include "concerto/schedule/scheduler.h"
 #include "concerto/sim/simulator.h"
+#include "test_ops_util.h"
 
 namespace concerto {
 namespace {
@@ -145,6 +146,27 @@ TEST(Simulator, ExposedCommArithmetic) {
   // t=0: x+g = 32; t=10: x freed, s allocated = 32; t=30: g freed, o = 32.
   // Frees come first at equal times, so the peak is 32 bytes, first at t=0.
   EXPECT_EQ(s.peak_memory_bytes, 32);
+}
+
+TEST(SimulatorTest, DurationsThatOverflowAreAnErrorNotAnInfiniteIteration) {
+  // Two ops of 1e308 us each, one after the other: each finite, the sum not.
+  using testing::MakeOp;
+  using testing::T;
+  Program p;
+  p.name = "overflow";
+  p.mesh.axes = {{"dp", 1}};
+  Graph g;
+  g.name = "main";
+  g.tensors = {T("x"), T("y"), T("z")};
+  g.ops = {MakeOp(0, "a", OpKind::kCompute, "compute", {"x"}, {"y"}, 1e308),
+           MakeOp(1, "b", OpKind::kCompute, "compute", {"y"}, {"z"}, 1e308)};
+  p.graphs.push_back(g);
+  p.roles.push_back({"spmd", "main", {0}});
+  AnalyticCostModel cost = Cost();
+  Result<Timeline> t = Simulate(RunBaseline("fifo", p, cost).value(), cost);
+  ASSERT_FALSE(t.ok());
+  EXPECT_NE(t.status().message().find("overflows"), std::string::npos) << t.status().message();
+  EXPECT_NE(t.status().message().find("op 0 'a'"), std::string::npos) << t.status().message();
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <map>
 
 #include "concerto/cost/cluster.h"
+#include "concerto/util/json_text.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/driver/driver.h"
 #include "concerto/driver/options.h"
@@ -128,7 +129,7 @@ int CmdValidate(const std::string& path, bool json) {
     nlohmann::json j = {{"file", path}, {"valid", true}, {"ranks", program->mesh.NumRanks()},
                         {"roles", program->roles.size()}, {"graphs", program->graphs.size()},
                         {"ops", ops}, {"comm_ops", comm}, {"tensors", tensors}};
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j, 2) << "\n";
   } else {
     std::cout << fmt::format("{}: valid: {} ranks, {} roles, {} graphs, {} ops ({} communication), {} tensors\n",
                              path, program->mesh.NumRanks(), program->roles.size(), program->graphs.size(), ops,
@@ -187,7 +188,7 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
   if (flags.json) {
     nlohmann::json j = SummaryJson(s);
     j["cluster"] = (*cost)->cluster().name;
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j, 2) << "\n";
     return 0;
   }
   std::cout << fmt::format(
@@ -243,7 +244,7 @@ int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
     j["schedule_file"] = sf.output;
     j["program_file"] = program_path;
     if (run->concerto) j["concerto"] = ConcertoReportJson(*run->concerto);
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j, 2) << "\n";
     return 0;
   }
   std::cout << fmt::format("{} on {}: iteration {:.3f} ms, lower bound {:.3f} ms ({}; T/LB {:.3f})\n", s.scheduler,
@@ -338,7 +339,7 @@ int CmdCompare(const std::string& file, const std::string& model, const std::str
   if (flags.json) {
     nlohmann::json j = CompareJson(runs, bound, cluster);
     j["program"] = label;
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j, 2) << "\n";
   } else {
     std::cout << CompareTable(runs, bound, label + " on " + cluster);
   }
@@ -362,10 +363,10 @@ int CmdLower(const std::string& model, const std::string& plan_text, const std::
     for (const auto& op : g.ops) comm += op.IsComm();
   }
   if (json)
-    std::cout << nlohmann::json({{"model", model}, {"plan", sharding.empty() ? PlanToString(*plan) : "sharding " + sharding},
+    std::cout << DumpJson(nlohmann::json({{"model", model}, {"plan", sharding.empty() ? PlanToString(*plan) : "sharding " + sharding},
                                  {"ranks", program->mesh.NumRanks()},
-                                 {"ops", ops}, {"comm_ops", comm}, {"lower_ms", ms}, {"output", out}})
-                     .dump(2)
+                                 {"ops", ops}, {"comm_ops", comm}, {"lower_ms", ms}, {"output", out}}),
+                          2)
               << "\n";
   else
     std::cout << fmt::format("{} under {}: {} ranks, {} ops ({} communication) in {:.1f} ms, written to {}\n", model,
@@ -407,7 +408,7 @@ int CmdDemo(const std::string& trace, bool json) {
       Progress("trace of '" + best->summary.scheduler + "' on " + name + " written to " + trace);
     }
   }
-  if (json) std::cout << all.dump(2) << "\n";
+  if (json) std::cout << DumpJson(all, 2) << "\n";
   return 0;
 }
 
@@ -483,7 +484,7 @@ int CmdRun(const RunFlags& rf) {
     if (rf.json) {
       nlohmann::json j = MeasuredJobJson(*sp, *job, **cost);
       j["backend"] = "in-process";
-      std::cout << j.dump(2) << "\n";
+      std::cout << DumpJson(j, 2) << "\n";
     } else {
       std::cout << MeasuredJobText(*sp, *job, **cost);
     }
@@ -665,7 +666,7 @@ int CmdProfile(const ProfileFlags& pf) {
     for (const InterferenceKernel& k : interference->kernels)
       j["interference_kernels"].push_back(
           {{"kernel", k.kernel}, {"alone_us", k.alone_us}, {"overlapped_us", k.overlapped_us}});
-    std::cout << j.dump(2) << "\n";
+    std::cout << DumpJson(j, 2) << "\n";
     return 0;
   }
   std::cout << fmt::format(
@@ -685,14 +686,13 @@ int CmdProfile(const ProfileFlags& pf) {
   return 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+/// The command line, parsed and run (main wraps it in the catch-all).
+int RealMain(int argc, char** argv) {
   CLI::App app{
       "concerto: hides communication behind computation in distributed training.\n"
       "Lowers a parallel plan to one graph of compute and communication ops, schedules it,\n"
       "simulates it on a cost model and compares it with the policies of DDP, Megatron,\n"
-      "ZeRO and XLA. Exit codes: 0 ok, 1 bad input file, 2 bad arguments."};
+      "ZeRO and XLA. Exit codes: 0 ok, 1 bad input file, 2 bad arguments, 3 internal error."};
   app.require_subcommand(1);
   CommonFlags flags;
 
@@ -880,4 +880,19 @@ int main(int argc, char** argv) {
     return 0;
   }
   return kExitUsage;
+}
+
+}  // namespace
+
+/// Every exception that escapes is a bug, reported as one: "internal error"
+/// with what it said and exit code 3, never an abort (docs/cli.md).
+int main(int argc, char** argv) {
+  try {
+    return RealMain(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "concerto: internal error: %s (please report it with the command line)\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "concerto: internal error: an unknown exception (please report it with the command line)\n");
+  }
+  return 3;
 }

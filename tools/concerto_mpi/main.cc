@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "concerto/report/report.h"
+#include "concerto/util/json_text.h"
 #include "concerto/runtime/executor.h"
 #include "concerto/runtime/flight_recorder.h"
 #include "concerto/runtime/kernels.h"
@@ -467,7 +468,7 @@ int Main(int argc, char** argv) {
   if (flags->json) {
     nlohmann::json j = MeasuredJobJson(*sp, *job, **cost);
     j["backend"] = "mpi";
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", DumpJson(j, 2).c_str());
   } else {
     std::printf("%s", MeasuredJobText(*sp, *job, **cost).c_str());
     if (flags->check)
@@ -480,4 +481,14 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace concerto
 
-int main(int argc, char** argv) { return concerto::Main(argc, argv); }
+/// An exception that escapes is a bug: "internal error", exit code 3, not an abort.
+int main(int argc, char** argv) {
+  try {
+    return concerto::Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "concerto_mpi_run: internal error: %s\n", e.what());
+  } catch (...) {
+    std::fprintf(stderr, "concerto_mpi_run: internal error: an unknown exception\n");
+  }
+  return 3;
+}

@@ -1,0 +1,111 @@
+// Readers never crash, never recurse without bound and never truncate silently:
+// each class of defect found by attacking the readers (issue "Reliability"),
+// with an input of that class and the message it must give instead.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+
+#include "concerto/cost/cluster.h"
+#include "concerto/lower/plan.h"
+#include "concerto/lower/sharding_plan.h"
+#include "concerto/schedule/schedule.h"
+#include "concerto/util/json_text.h"
+
+namespace concerto {
+namespace {
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path, std::ios::binary) << text;
+  return path;
+}
+
+/// `depth` nested lists: [[[...]]].
+std::string DeepList(int depth) { return std::string(depth, '[') + std::string(depth, ']'); }
+
+/// `depth` nested objects: {"a":{"a":...{}}}.
+std::string DeepObject(int depth) {
+  std::string s;
+  for (int i = 0; i < depth; ++i) s += "{\"a\":";
+  s += "{}";
+  s += std::string(depth, '}');
+  return s;
+}
+
+void ExpectErrorContains(const Status& st, const std::string& part) {
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(part), std::string::npos) << st.message();
+}
+
+TEST(ReaderRobustness, ClusterFileWithASelfReferencingAliasIsRejected) {
+  // a: &x {b: *x} is a map that contains itself: converted to a bounded depth.
+  Result<ClusterSpec> c = LoadCluster(WriteTemp("self_alias.yaml", "a: &x\n  b: *x\n"));
+  ExpectErrorContains(c.status(), "field 'a': unknown key");
+  c = LoadCluster(WriteTemp("self_alias_device.yaml", "base: a800-4x8\ndevice: &x\n  name: *x\n"));
+  ExpectErrorContains(c.status(), "field 'device.name'");
+}
+
+TEST(ReaderRobustness, ClusterFileNestedDeeplyIsRejectedCheaply) {
+  // 100,000 levels: a list is described by its size, never dumped.
+  Result<ClusterSpec> c = LoadCluster(WriteTemp("deep_list.json", "{\"name\": " + DeepList(100000) + "}"));
+  ExpectErrorContains(c.status(), "field 'name': must be a string, got a list of 1 item");
+  c = LoadCluster(WriteTemp("deep_object.json", "{\"device\": " + DeepObject(100000) + "}"));
+  ExpectErrorContains(c.status(), "field 'device.a': unknown key");
+  c = LoadCluster(WriteTemp("deep_root.json", DeepList(100000)));
+  ExpectErrorContains(c.status(), "top level must be a map");
+}
+
+TEST(ReaderRobustness, InvalidUtf8NameIsWrittenAsJson) {
+  // YAML passes the bytes through; the JSON writer replaces them instead of throwing.
+  Result<ClusterSpec> c = LoadCluster(WriteTemp("utf8.yaml", "base: a800-4x8\nname: \"bad\xff\"\n"));
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  const std::string json = ClusterToJson(*c);
+  EXPECT_NE(json.find("bad\xEF\xBF\xBD"), std::string::npos) << json;  // U+FFFD
+  nlohmann::json j = {{"name", c->name}};
+  EXPECT_EQ(DumpJson(j), "{\"name\":\"bad\xEF\xBF\xBD\"}");
+  EXPECT_EQ(DescribeJson(nlohmann::json(c->name)), "\"bad\xEF\xBF\xBD\"");
+}
+
+TEST(ReaderRobustness, PlanFileWithANonScalarKeyIsRejected) {
+  Result<ParallelPlan> p = ParsePlanFile("? [a, b]\n: 1\n", "p.yaml");
+  ExpectErrorContains(p.status(), "p.yaml: line 1: a key must be a plan key name");
+  p = ParsePlanFile("? {dp: 2}\n: 1\n", "p.yaml");
+  ExpectErrorContains(p.status(), "a key must be a plan key name");
+}
+
+TEST(ReaderRobustness, ScheduleFileTypesAndRangesAreChecked) {
+  auto schedule = [](const std::string& ops, const std::string& extra = "") {
+    return ParseSchedule("{\"format\": \"concerto-schedule\", \"scheduler\": \"x\", \"roles\": [{\"role\": \"r\", "
+                         "\"streams\": [{\"stream\": \"compute\", \"ops\": " +
+                             ops + "}]}]" + extra + "}",
+                         "s.json");
+  };
+  ASSERT_TRUE(schedule("[0, 1, 2]").ok());
+  // An id past int's range or a fraction is an error, not op 1.
+  ExpectErrorContains(schedule("[4294967297]").status(), "field 'ops'[0] must be a whole number");
+  ExpectErrorContains(schedule("[1.5]").status(), "field 'ops'[0] must be a whole number in");
+  ExpectErrorContains(schedule("[-3000000000]").status(), "got -3000000000");
+  ExpectErrorContains(schedule("5").status(), "field 'ops' must be a list of op ids, got 5");
+  ExpectErrorContains(schedule("[\"3\"]").status(), "got \"3\"");
+  // A number where the list of fusion groups belongs.
+  ExpectErrorContains(schedule("[0]", ", \"fusion_groups\": 3").status(), "field 'fusion_groups' must be a list, got 3");
+  ExpectErrorContains(schedule("[0]", ", \"fusion_groups\": [{\"role\": \"r\", \"fused_op\": 1e30, \"members\": []}]")
+                          .status(),
+                      "field 'fused_op' must be a whole number");
+}
+
+TEST(ReaderRobustness, ShardingFileDescribesDeepValuesCheaply) {
+  Result<ShardingPlan> s = ParseShardingPlan("{\"mesh\": {\"dp\": " + DeepList(100000) + "}}", "sh.json");
+  ExpectErrorContains(s.status(), "size must be an integer >= 1, got a list of 1 item");
+}
+
+TEST(ReaderRobustness, DescribeJsonNeverDumpsContainers) {
+  EXPECT_EQ(DescribeJson(nlohmann::json::parse("[1, [2, 3]]")), "a list of 2 items");
+  EXPECT_EQ(DescribeJson(nlohmann::json::parse("{\"a\": 1}")), "an object with 1 key");
+  EXPECT_EQ(DescribeJson(nlohmann::json(std::string(200, 'x'))).size(), 80u);
+  EXPECT_EQ(DescribeJson(nlohmann::json(2.5)), "2.5");
+}
+
+}  // namespace
+}  // namespace concerto
