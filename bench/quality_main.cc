@@ -17,6 +17,7 @@
 
 #include "concerto/cost/cluster.h"
 #include "concerto/driver/driver.h"
+#include "concerto/util/json_text.h"
 #include "concerto/lower/frontend.h"
 #include "concerto/schedule/propagation_bound.h"
 
@@ -209,9 +210,14 @@ int Main(int argc, char** argv) {
       const RunResult* best = nullptr;
       const RunResult* concerto = nullptr;
       double t_seq = 0;
+      // The best baseline among those that fit the device's memory (all of
+      // them when none fits).
+      bool any_fits = false;
+      for (const auto& r : *runs) any_fits = any_fits || (r.summary.scheduler != "concerto" && r.summary.fits_memory);
       for (const auto& r : *runs) {
         if (r.summary.scheduler == "concerto") concerto = &r;
-        else if (!best || r.summary.makespan_us < best->summary.makespan_us) best = &r;
+        else if ((r.summary.fits_memory || !any_fits) && (!best || r.summary.makespan_us < best->summary.makespan_us))
+          best = &r;
         if (r.summary.scheduler == "sequential") t_seq = r.summary.makespan_us;
       }
       const double t = concerto->summary.makespan_us;
@@ -223,12 +229,14 @@ int Main(int argc, char** argv) {
       // Overlap efficiency against the bound of concerto's own (possibly
       // fused) program, the same bound T/LB uses.
       const double eff = t_seq > bound ? (t_seq - t) / (t_seq - bound) : 1.0;
-      std::cout << fmt::format("| {} {} | {} | {} | {:.1f} | {:.1f} | {:.3f}x | {:.3f} | {:.1f} ({}) | {:.3f} | {:.1f}% | "
-                               "{:.2f} | {:.1f} |\n",
-                               w.model, w.plan, cluster, best->summary.scheduler, best->summary.makespan_us / 1e3,
+      std::cout << fmt::format("| {} {} | {} | {}{} | {:.1f} | {:.1f} | {:.3f}x | {:.3f} | {:.1f} ({}) | {:.3f} | {:.1f}% | "
+                               "{:.2f}{} | {:.1f} |\n",
+                               w.model, w.plan, cluster, best->summary.scheduler, any_fits ? "" : " (OOM: none fits)",
+                               best->summary.makespan_us / 1e3,
                                t / 1e3, best->summary.makespan_us / t, t / bound, bound / 1e3, cb.BindingTerm(),
                                t / cb.PlainUs(), 100 * eff,
                                concerto->summary.peak_memory_bytes / double(1 << 30),
+                               concerto->summary.fits_memory ? "" : " OOM",
                                concerto->concerto ? concerto->concerto->seconds : 0.0)
                 << std::flush;
       nlohmann::json j = CompareJson(*runs, lb, cluster);
@@ -240,7 +248,7 @@ int Main(int argc, char** argv) {
   if (rows > 0)
     std::cout << fmt::format("\nMean T/LB over {} rows: {:.3f} (with the plain bound alone: {:.3f})\n", rows,
                              ratio_sum / rows, plain_ratio_sum / rows);
-  if (json) std::cout << all.dump(2) << "\n";
+  if (json) std::cout << DumpJson(all, 2) << "\n";
   return 0;
 }
 

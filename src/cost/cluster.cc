@@ -36,6 +36,7 @@ ClusterSpec A800Preset() {
   c.device.peak_tflops_fp32 = 19.5;  // CUDA cores, no TF32
   c.device.memory_bandwidth_gbps = 2039;
   c.device.memory_gb = 80;
+  c.device.memory_reserve_gb = 4;  // inferred: docs/cost-model.md, "Memory budget"
   c.device.matmul_efficiency = 0.87;  // A100 SXM large bf16 GEMM
   c.device.vector_efficiency = 0.125;  // CUDA-core bf16 rate / tensor-core peak (inferred)
   c.device.memory_efficiency = 0.85;   // low end of 85-90% of HBM
@@ -63,6 +64,7 @@ ClusterSpec H100Preset() {
   c.device.peak_tflops_fp32 = 67;  // CUDA cores (datasheet; not in REFERENCES.md)
   c.device.memory_bandwidth_gbps = 3350;
   c.device.memory_gb = 80;
+  c.device.memory_reserve_gb = 4;  // inferred: docs/cost-model.md, "Memory budget"
   c.device.matmul_efficiency = 0.80;  // H100 SXM large bf16 GEMM
   c.device.vector_efficiency = 0.125;
   c.device.memory_efficiency = 0.85;
@@ -90,6 +92,7 @@ ClusterSpec CommodityPreset() {
   c.device.peak_tflops_fp32 = 19.5;
   c.device.memory_bandwidth_gbps = 1935;  // datasheet; not in REFERENCES.md
   c.device.memory_gb = 80;
+  c.device.memory_reserve_gb = 4;  // inferred: docs/cost-model.md, "Memory budget"
   c.device.matmul_efficiency = 0.69;  // A800 PCIe fp16 GEMM at n=8192 (same board class)
   c.device.vector_efficiency = 0.125;
   c.device.memory_efficiency = 0.85;
@@ -261,6 +264,7 @@ class ClusterFileReader {
         {"peak_tflops_fp32", NumberField(&d.peak_tflops_fp32)},
         {"memory_bandwidth_gbps", NumberField(&d.memory_bandwidth_gbps)},
         {"memory_gb", NumberField(&d.memory_gb)},
+        {"memory_reserve_gb", NumberField(&d.memory_reserve_gb)},
         {"matmul_efficiency", NumberField(&d.matmul_efficiency)},
         {"vector_efficiency", NumberField(&d.vector_efficiency)},
         {"memory_efficiency", NumberField(&d.memory_efficiency)},
@@ -499,6 +503,10 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
   CONCERTO_RETURN_IF_ERROR(positive("device.peak_tflops_fp32", d.peak_tflops_fp32));
   CONCERTO_RETURN_IF_ERROR(positive("device.memory_bandwidth_gbps", d.memory_bandwidth_gbps));
   CONCERTO_RETURN_IF_ERROR(positive("device.memory_gb", d.memory_gb));
+  CONCERTO_RETURN_IF_ERROR(non_negative("device.memory_reserve_gb", d.memory_reserve_gb));
+  if (d.memory_reserve_gb >= d.memory_gb)
+    return error("device.memory_reserve_gb", "must be less than device.memory_gb (" + FormatNumber(d.memory_gb) +
+                                                 "), got " + FormatNumber(d.memory_reserve_gb));
   CONCERTO_RETURN_IF_ERROR(fraction("device.matmul_efficiency", d.matmul_efficiency));
   CONCERTO_RETURN_IF_ERROR(fraction("device.vector_efficiency", d.vector_efficiency));
   CONCERTO_RETURN_IF_ERROR(fraction("device.memory_efficiency", d.memory_efficiency));
@@ -541,6 +549,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
                  {"peak_tflops_fp32", d.peak_tflops_fp32},
                  {"memory_bandwidth_gbps", d.memory_bandwidth_gbps},
                  {"memory_gb", d.memory_gb},
+                 {"memory_reserve_gb", d.memory_reserve_gb},
                  {"matmul_efficiency", d.matmul_efficiency},
                  {"vector_efficiency", d.vector_efficiency},
                  {"memory_efficiency", d.memory_efficiency},

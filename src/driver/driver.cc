@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "concerto/ir/graph_index.h"
+#include "concerto/sim/memory.h"
 #include "concerto/schedule/propagation_bound.h"
 #include "concerto/schedule/scheduler.h"
 
@@ -16,6 +17,17 @@ std::vector<std::string> SchedulerNames() {
   std::vector<std::string> names = BaselineNames();
   names.push_back("concerto");
   return names;
+}
+
+int64_t MemoryBudgetBytes(const Options& options, const ClusterSpec& cluster) {
+  const double v = options.Get("memory-budget");
+  return v < 0 ? cluster.DeviceBudgetBytes() : static_cast<int64_t>(v);
+}
+
+ConcertoOptions ToConcertoOptions(const Options& options, const ClusterSpec& cluster) {
+  ConcertoOptions c = ToConcertoOptions(options);
+  c.memory_budget_bytes = MemoryBudgetBytes(options, cluster);
+  return c;
 }
 
 ConcertoOptions ToConcertoOptions(const Options& options) {
@@ -30,7 +42,7 @@ ConcertoOptions ToConcertoOptions(const Options& options) {
   c.baselines = ToBaselineOptions(options);
   c.sim.interference = options.Get("interference");
   c.sim.share_links = static_cast<int>(options.Get("share-links"));
-  c.memory_budget_bytes = static_cast<int64_t>(options.Get("memory-budget"));
+  c.memory_budget_bytes = std::max<int64_t>(0, static_cast<int64_t>(options.Get("memory-budget")));
   c.list_schedule = options.Get("list-schedule") != 0;
   return c;
 }
@@ -105,7 +117,8 @@ nlohmann::json DecomposeReportJson(const DecomposeReport& r) {
           {"rewrites", rewrites},
           {"fifo_before_us", r.fifo_before_us},
           {"fifo_after_us", r.fifo_after_us},
-          {"rejected", r.rejected}};
+          {"rejected", r.rejected},
+          {"rejected_reason", r.rejected_reason}};
 }
 
 BaselineOptions ToBaselineOptions(const Options& options) {
@@ -162,6 +175,9 @@ Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Opt
   RunResult run{std::move(sp), std::move(timeline).value(), {}, std::nullopt, std::nullopt};
   const double f = ToSimOptions(options).interference;
   run.summary = Summarize(run.scheduled, run.timeline, cost, f >= 0 ? f : cost.cluster().interference);
+  run.summary.memory_budget_bytes = MemoryBudgetBytes(options, cost.cluster());
+  run.summary.fits_memory =
+      run.summary.memory_budget_bytes <= 0 || run.summary.peak_memory_bytes <= run.summary.memory_budget_bytes;
   CONCERTO_RETURN_IF_ERROR(AddPropagationBound(run.scheduled.program, cost, &run.summary));
   return run;
 }
@@ -195,8 +211,20 @@ Result<Program> DecomposeWherePays(const Program& program, const CostModel& cost
   if (!after.ok()) return after.status();
   report->fifo_before_us = before->second.makespan_us;
   report->fifo_after_us = after->second.makespan_us;
+  // The chunks' slices and joins live longer: a decomposition that takes the
+  // program over the memory budget where it fitted is not taken (the search
+  // starts from baselines of the program it gets).
+  const int64_t budget = MemoryBudgetBytes(options, cost.cluster());
+  const bool fitted = budget <= 0 || PeakMemory(before->first.program, before->second).peak_bytes <= budget;
+  const bool fits = budget <= 0 || PeakMemory(after->first.program, after->second).peak_bytes <= budget;
+  if (fitted && !fits) {
+    report->rejected = true;
+    report->rejected_reason = "over the memory budget";
+    return program;
+  }
   if (after->second.makespan_us < before->second.makespan_us) return out;
   report->rejected = true;
+  report->rejected_reason = "fifo is not faster";
   return program;
 }
 
@@ -211,9 +239,22 @@ Result<RunResult> RunScheduler(const Program& program, const std::string& schedu
     if (progress && !decomposed->rewrites.empty())
       progress(fmt::format("decompose: {} of {} candidate collectives chunked; fifo {:.3f} -> {:.3f} ms{}",
                            decomposed->rewrites.size(), decomposed->candidates, decomposed->fifo_before_us / 1e3,
-                           decomposed->fifo_after_us / 1e3, decomposed->rejected ? ": rejected" : ""));
+                           decomposed->fifo_after_us / 1e3,
+                           decomposed->rejected ? ": rejected (" + decomposed->rejected_reason + ")" : ""));
     ConcertoReport report;
-    Result<ScheduledProgram> sp = RunConcerto(*input, cost, ToConcertoOptions(options), &report, progress);
+    ConcertoOptions co = ToConcertoOptions(options, cost.cluster());
+    Result<ScheduledProgram> sp = RunConcerto(*input, cost, co, &report, progress);
+    if (!sp.ok() && report.memory_infeasible && options.Get("memory-budget") < 0) {
+      // Nothing fits the device's default budget: say so, and show the
+      // fastest schedule, marked over the budget (an explicit budget that
+      // nothing meets stays an error).
+      if (progress)
+        progress("no schedule fits the device's memory (" + sp.status().message() +
+                 "); the fastest schedule follows, marked OOM");
+      co.memory_budget_bytes = 0;
+      report = ConcertoReport{};
+      sp = RunConcerto(*input, cost, co, &report, progress);
+    }
     if (!sp.ok()) return sp.status();
     if (hook) hook("schedule", sp->program);
     Result<RunResult> run = Evaluate(std::move(sp).value(), cost, options);
@@ -252,17 +293,27 @@ std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& l
   std::string out = title + "\n";
   out += fmt::format("{:<20} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>10} {:>12}\n", "scheduler", "iteration_ms",
                      "vs_best", "exposed_comm_ms", "overlap", "T/LB", "LB_ms", "fused_ops", "peak_mem_GiB");
+  // vs_best: against the fastest run that fits the memory budget (all runs
+  // when none does); a run over the budget is marked OOM.
   double best = 0;
+  bool any_fits = false;
+  for (const auto& r : runs) any_fits = any_fits || r.summary.fits_memory;
   for (const auto& r : runs)
-    if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us;
+    if ((r.summary.fits_memory || !any_fits) && (best == 0 || r.summary.makespan_us < best))
+      best = r.summary.makespan_us;
   for (const auto& r : runs) {
     const Summary& s = r.summary;
-    out += fmt::format("{:<20} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10.3f} {:>10} {:>12.2f}\n",
+    out += fmt::format("{:<20} {:>14.3f} {:>11.3f}x {:>14.3f} {:>8.1f}% {:>8.3f} {:>10.3f} {:>10} {:>12.2f}{}\n",
                        s.scheduler, s.makespan_us / 1e3, s.makespan_us / best, s.exposed_comm_us / 1e3,
                        100 * s.overlap_ratio, s.bound.lower_bound_us > 0 ? s.makespan_us / s.bound.lower_bound_us : 0.0,
                        s.bound.lower_bound_us / 1e3, r.scheduled.schedule.fusion_groups.size(),
-                       s.peak_memory_bytes / double(1 << 30));
+                       s.peak_memory_bytes / double(1 << 30), s.fits_memory ? "" : " OOM");
   }
+  const int64_t budget = runs.empty() ? 0 : runs.front().summary.memory_budget_bytes;
+  if (budget > 0)
+    out += fmt::format("memory budget {:.2f} GiB per rank (the device's memory minus its reserve unless "
+                       "--memory-budget says otherwise){}\n",
+                       budget / double(1 << 30), any_fits ? "; OOM: over it, not counted as best" : "; nothing fits it");
   out += fmt::format(
       "LB_ms: lower bound of each run's own program, max(critical path, stream load, fill + work + drain,\n"
       "propagation, interference) (bucketing, chunking and stream splits change the work); plain bound\n"
@@ -287,9 +338,14 @@ nlohmann::json CompareJson(const std::vector<RunResult>& runs, const LowerBound&
     if (r.concerto) s["concerto"] = ConcertoReportJson(*r.concerto);
     if (r.decompose) s["decompose"] = DecomposeReportJson(*r.decompose);
     j["results"].push_back(s);
-    if (best == 0 || r.summary.makespan_us < best) best = r.summary.makespan_us, best_name = r.summary.scheduler;
   }
+  bool any_fits = false;
+  for (const auto& r : runs) any_fits = any_fits || r.summary.fits_memory;
+  for (const auto& r : runs)
+    if ((r.summary.fits_memory || !any_fits) && (best == 0 || r.summary.makespan_us < best))
+      best = r.summary.makespan_us, best_name = r.summary.scheduler;
   j["best_scheduler"] = best_name;
+  j["any_fits_memory"] = any_fits;
   j["best_makespan_us"] = best;
   j["lower_bound_us"] = lb.lower_bound_us;
   j["lower_bound_critical_path_us"] = lb.critical_path_us;

@@ -4,6 +4,10 @@
 #include <cmath>
 #include <fmt/format.h>
 
+#include <cstdlib>
+
+#include "concerto/util/units.h"
+
 namespace concerto {
 
 const std::vector<OptionSpec>& OptionTable() {
@@ -32,13 +36,40 @@ const std::vector<OptionSpec>& OptionTable() {
       {"decompose", "chunks", 4, 0, 64,
        "concerto: most chunks the decomposition pass cuts a matmul and its exposed activation collective into "
        "(0 or 1: off)"},
-      {"memory-budget", "bytes", 0, 0, 1e15,
-       "concerto: peak memory per rank the schedule must stay under (0: no budget)"},
+      {"memory-budget", "bytes", -1, -1, 1e15,
+       "peak memory per rank a schedule must fit: bytes or a size (80GB, 74.5GiB); 'device' (default): the "
+       "device's memory minus the cluster's reserve; 'none': no limit. Schedules over it are marked OOM and "
+       "concerto does not return one when one under it exists",
+       {{"none", 0}, {"device", -1}}},
       {"list-schedule", "0/1", 1, 0, 1,
        "concerto: also start from critical-path list schedules (pipelines: free and in program order); 0: from "
        "the baselines only"},
   };
   return table;
+}
+
+Result<double> ParseOptionValue(const OptionSpec& spec, const std::string& text) {
+  for (const auto& [word, value] : spec.words)
+    if (text == word) return value;
+  double v = 0;
+  if (spec.unit == "bytes") {
+    Result<double> bytes = ParseByteSize(text);
+    if (!bytes.ok()) return Status::Error("option --" + spec.name + ": " + bytes.status().message());
+    v = *bytes;
+  } else {
+    const char* begin = text.c_str();
+    char* end = nullptr;
+    v = std::strtod(begin, &end);
+    if (end == begin || *end != '\0') {
+      std::string words;
+      for (const auto& w : spec.words) words += (words.empty() ? "" : ", ") + w.first;
+      return Status::Error("option --" + spec.name + ": '" + text + "' is not a number" +
+                           (words.empty() ? "" : " or one of " + words));
+    }
+  }
+  Options check;
+  CONCERTO_RETURN_IF_ERROR(check.Set(spec.name, v));
+  return v;
 }
 
 Options::Options() {

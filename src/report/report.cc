@@ -147,6 +147,8 @@ json SummaryJson(const Summary& s) {
   j["overlap_ratio"] = s.overlap_ratio;
   j["link_sharing_delay_us"] = s.link_sharing_delay_us;
   j["peak_memory_bytes"] = s.peak_memory_bytes;
+  j["memory_budget_bytes"] = s.memory_budget_bytes;
+  j["fits_memory"] = s.fits_memory;
   j["peak_memory_rank"] = s.peak_memory_rank;
   j["report_rank"] = s.report_rank;
   j["num_ops"] = s.num_ops;

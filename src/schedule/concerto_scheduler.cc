@@ -691,11 +691,13 @@ class Search {
         if (to_fallback) fallback_ = {std::move(*run.as_is_sp), run.as_is->makespan_us, name, run.as_is->peak_bytes};
       }
     }
-    if (fallback_.name.empty() && best_.name.empty())
+    if (fallback_.name.empty() && best_.name.empty()) {
+      report_->memory_infeasible = true;
       return Status::Error(fmt::format(
           "memory budget of {} bytes per rank is infeasible: the lowest peak any starting schedule reaches is {} "
           "bytes ({:.2f} GiB, baseline '{}')",
           opts_.memory_budget_bytes, lowest_peak, lowest_peak / double(1 << 30), lowest_name));
+    }
     if (fallback_.name.empty()) fallback_ = best_;
     if (best_.name.empty()) best_ = fallback_;
     TryListSchedule();

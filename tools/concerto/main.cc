@@ -46,19 +46,28 @@ struct CommonFlags {
   std::map<std::string, double> numeric;  // from OptionTable, only those given
 };
 
+/// An option's default as --help shows it: its word when it has one for that value.
+std::string DefaultText(const OptionSpec& spec) {
+  for (const auto& [word, value] : spec.words)
+    if (value == spec.default_value) return word;
+  return fmt::format("{}", spec.default_value);
+}
+
 void AddNumericOptions(CLI::App* cmd, CommonFlags& flags) {
   for (const auto& spec : OptionTable()) {
     // Checked against the table while parsing: a value out of range is a
     // usage error (exit 2), named with its bounds.
-    cmd->add_option_function<double>(
+    cmd->add_option_function<std::string>(
            "--" + spec.name,
-           [&flags, name = spec.name](double v) {
-             if (Status s = Options().Set(name, v); !s.ok()) throw CLI::ValidationError(s.message());
-             flags.numeric[name] = v;
+           [&flags, spec](const std::string& text) {
+             Result<double> v = ParseOptionValue(spec, text);
+             if (!v.ok()) throw CLI::ValidationError(v.status().message());
+             flags.numeric[spec.name] = *v;
            },
-           fmt::format("{} [{}] (default {}, range {}..{})", spec.help, spec.unit, spec.default_value,
+           fmt::format("{} [{}] (default {}, range {}..{})", spec.help, spec.unit,
+                       DefaultText(spec),
                        spec.min_value, spec.max_value))
-        ->type_name("NUM");
+        ->type_name(spec.unit == "bytes" ? "SIZE" : "NUM");
   }
 }
 
@@ -200,6 +209,13 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
       s.compute_busy_us / 1e3, s.comm_busy_us / 1e3, s.exposed_comm_us / 1e3, 100 * s.overlap_ratio,
       s.ranks_simulated, s.representative ? " (one per role, exact)" : "", s.costs.explicit_ops,
       s.costs.profiled_ops, s.costs.analytic_ops);
+  std::cout << fmt::format("peak memory {:.2f} GiB per rank (rank {}){}\n", s.peak_memory_bytes / double(1 << 30),
+                           s.peak_memory_rank,
+                           s.memory_budget_bytes <= 0 ? std::string("; no memory budget")
+                           : s.fits_memory
+                               ? fmt::format(", within the {:.2f} GiB budget", s.memory_budget_bytes / double(1 << 30))
+                               : fmt::format(" -- OOM: over the {:.2f} GiB budget; this schedule does not fit the device",
+                                             s.memory_budget_bytes / double(1 << 30)));
   if (!s.top_exposed.empty()) {
     std::cout << "most exposed collectives:\n";
     for (size_t i = 0; i < s.top_exposed.size() && i < 5; ++i)

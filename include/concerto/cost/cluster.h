@@ -2,6 +2,7 @@
 // Built-in presets and files (YAML or JSON). Values and sources: docs/cost-model.md.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,9 @@ struct DeviceSpec {
   double peak_tflops_fp32 = 0;
   double memory_bandwidth_gbps = 0;  // GB/s (1e9 bytes/s)
   double memory_gb = 0;
+  /// Device memory no schedule gets: CUDA context, NCCL buffers, the
+  /// framework's allocator slack (docs/cost-model.md, "Memory budget").
+  double memory_reserve_gb = 0;
   double matmul_efficiency = 0.8;   // achieved fraction of peak on large GEMMs
   double vector_efficiency = 0.5;   // achieved fraction of peak on non-matmul flops
   double memory_efficiency = 0.85;  // achieved fraction of memory bandwidth
@@ -79,6 +83,11 @@ struct ClusterSpec {
   TopologySpec topology;
 
   int NumDevices() const { return nodes * devices_per_node; }
+  /// The memory a schedule may use per rank by default: memory_gb minus
+  /// memory_reserve_gb, in bytes (1 GB = 1e9 bytes).
+  int64_t DeviceBudgetBytes() const {
+    return static_cast<int64_t>((device.memory_gb - device.memory_reserve_gb) * 1e9);
+  }
   int NodeOf(int rank) const { return rank / devices_per_node; }
 
   bool operator==(const ClusterSpec&) const = default;

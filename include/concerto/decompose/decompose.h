@@ -67,6 +67,9 @@ struct DecomposeReport {
   double fifo_before_us = 0;
   double fifo_after_us = 0;
   bool rejected = false;
+  /// Why: "fifo is not faster", or "over the memory budget" (the chunks'
+  /// slices and joins took a program that fitted over it).
+  std::string rejected_reason;
 };
 
 /// Rewrites every graph of `program`: each activation collective (tags.purpose

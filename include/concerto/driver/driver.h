@@ -46,6 +46,11 @@ Result<Program> DecomposeWherePays(const Program& program, const CostModel& cost
 
 /// ConcertoOptions filled from the option table.
 ConcertoOptions ToConcertoOptions(const Options& options);
+/// The same with the memory budget resolved against `cluster` ("device":
+/// its memory minus its reserve).
+ConcertoOptions ToConcertoOptions(const Options& options, const ClusterSpec& cluster);
+/// The memory budget per rank the options ask for on `cluster`, bytes (0: none).
+int64_t MemoryBudgetBytes(const Options& options, const ClusterSpec& cluster);
 
 /// One scheduler run end to end on one cost model.
 struct RunResult {

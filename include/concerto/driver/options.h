@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "concerto/util/status.h"
@@ -17,7 +18,15 @@ struct OptionSpec {
   double min_value;
   double max_value;
   std::string help;
+  /// Words the option also takes, with the value each stands for
+  /// (memory-budget: "none" = 0, "device" = -1).
+  std::vector<std::pair<std::string, double>> words = {};
 };
+
+/// Reads an option's text: one of its words, a size with a unit for
+/// options measured in bytes ("80GB", "74.5GiB"), or a plain number; then
+/// checks it as Options::Set does. The error names the option.
+Result<double> ParseOptionValue(const OptionSpec& spec, const std::string& text);
 
 /// Every numeric option the tool takes.
 const std::vector<OptionSpec>& OptionTable();

@@ -38,6 +38,8 @@ struct Summary {
   /// because transfers in flight together shared links (docs/cost-model.md).
   double link_sharing_delay_us = 0;
   int64_t peak_memory_bytes = 0;  // largest over simulated ranks (sim/memory.h)
+  int64_t memory_budget_bytes = 0;  // the budget it was checked against (0: none; the driver sets it)
+  bool fits_memory = true;          // peak_memory_bytes <= memory_budget_bytes (or no budget)
   int peak_memory_rank = 0;
   int num_ops = 0;             // ops per simulated rank, summed over roles
   int ranks_simulated = 0;

@@ -68,6 +68,8 @@ struct WindowReport {
 };
 
 struct ConcertoReport {
+  /// No starting schedule fits the memory budget (RunConcerto then fails).
+  bool memory_infeasible = false;
   std::string solver;
   std::string incumbent;          // the best baseline (the fallback: never return worse)
   double incumbent_makespan_us = 0;

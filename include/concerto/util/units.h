@@ -1,0 +1,39 @@
+// Sizes as people write them: "80GB", "74.5GiB", "512MiB", "3e9".
+#pragma once
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "concerto/util/status.h"
+
+namespace concerto {
+
+/// Bytes from a number with an optional unit: B, kB/KB, MB, GB, TB (powers of
+/// 1000) or KiB, MiB, GiB, TiB (powers of 1024), with or without a space;
+/// no unit means bytes. Errors name the text and the units accepted.
+inline Result<double> ParseByteSize(const std::string& text) {
+  const char* begin = text.c_str();
+  char* end = nullptr;
+  const double v = std::strtod(begin, &end);
+  auto error = [&] {
+    return Status::Error("'" + text + "' is not a size: give bytes or a number with a unit (B, KB, MB, GB, TB, KiB, "
+                         "MiB, GiB, TiB), e.g. 80GB or 74.5GiB");
+  };
+  if (end == begin || !std::isfinite(v)) return error();
+  std::string unit(end);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  struct Unit {
+    const char* name;
+    double bytes;
+  };
+  static constexpr Unit kUnits[] = {{"", 1},       {"B", 1},        {"kB", 1e3},          {"KB", 1e3},
+                                    {"MB", 1e6},   {"GB", 1e9},     {"TB", 1e12},         {"KiB", 1024.0},
+                                    {"MiB", 1 << 20}, {"GiB", double(1 << 30)}, {"TiB", 1099511627776.0}};
+  for (const Unit& u : kUnits)
+    if (unit == u.name) return v * u.bytes;
+  return error();
+}
+
+}  // namespace concerto
