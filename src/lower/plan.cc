@@ -267,6 +267,16 @@ class PlanChecker {
   /// of pp).
   Status Pipeline() const {
     CONCERTO_RETURN_IF_ERROR(Divides("pp", p_.pp, "layers", m_.layers));
+    // Every micro-batch repeats a stage's ops: the lowered program grows with
+    // layers x micro-batches, so both are bounded before anything is built.
+    constexpr int64_t kMaxMicrobatches = 4096, kMaxLayerMicrobatches = 1 << 20;
+    if (p_.microbatches > kMaxMicrobatches)
+      return Fail("microbatches must be at most " + std::to_string(kMaxMicrobatches) + ", got " +
+                  std::to_string(p_.microbatches));
+    if (int64_t{m_.layers} * p_.microbatches > kMaxLayerMicrobatches)
+      return Fail("layers x microbatches must be at most " + std::to_string(kMaxLayerMicrobatches) + " (" +
+                  std::to_string(m_.layers) + " x " + std::to_string(p_.microbatches) +
+                  "): the program would have too many ops");
     if (p_.pp > 1 && p_.microbatches < p_.pp)
       return Fail("1F1B needs microbatches >= pp, got microbatches=" +
                   std::to_string(p_.microbatches) + " < pp=" + std::to_string(p_.pp));

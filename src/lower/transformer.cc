@@ -1946,7 +1946,7 @@ Status ModelError(const ModelConfig& m, const std::string& what) {
 }
 
 /// The mixture-of-experts fields: all unset for a dense model; otherwise
-/// family llama, 1 <= top_k <= experts, a finite capacity_factor > 0.
+/// family llama, 1 <= top_k <= experts, a finite capacity_factor in (0, experts].
 Status ValidateExperts(const ModelConfig& m) {
   if (m.experts < 0) return ModelError(m, "experts must be >= 0, got " + std::to_string(m.experts));
   if (m.experts == 0) {
@@ -1962,6 +1962,13 @@ Status ValidateExperts(const ModelConfig& m) {
                              std::to_string(m.experts) + ")]");
   if (!std::isfinite(m.capacity_factor) || m.capacity_factor <= 0)
     return ModelError(m, "capacity_factor must be a finite number > 0, got " +
+                             std::to_string(m.capacity_factor));
+  // capacity = capacity_factor x tokens x top_k / experts: past `experts` an
+  // expert would hold more slots than there are routed tokens (and the slot
+  // count would not fit an integer).
+  if (m.capacity_factor > m.experts)
+    return ModelError(m, "capacity_factor must be at most experts (" + std::to_string(m.experts) +
+                             "): a larger one gives an expert more slots than there are tokens; got " +
                              std::to_string(m.capacity_factor));
   return Status::Ok();
 }

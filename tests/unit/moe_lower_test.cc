@@ -165,6 +165,9 @@ TEST(MoeModels, BadFieldsAreRejectedNamingThem) {
              "field 'capacity_factor': must be a number > 0, got '-1.5'");
   EXPECT_HAS(SpecRejection(base + "experts: 4\ncapacity_factor: lots\n"),
              "field 'capacity_factor': must be a number > 0, got 'lots'");
+  // 1e300 would overflow the slot count (it was cast to an integer: undefined behaviour).
+  EXPECT_HAS(SpecRejection(base + "experts: 4\ncapacity_factor: 1e300\n"),
+             "capacity_factor must be at most experts (4)");
   EXPECT_HAS(SpecRejection(base + "experts: 0\n"), "field 'experts': must be a positive integer");
   EXPECT_HAS(SpecRejection(base + "top_k: 2\n"), "field 'top_k': needs 'experts'");
   EXPECT_HAS(SpecRejection("family: gpt\nlayers: 1\nhidden: 8\nheads: 2\nseq: 4\nvocab: 16\nexperts: 2\n"),

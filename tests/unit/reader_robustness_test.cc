@@ -7,6 +7,7 @@
 #include <string>
 
 #include "concerto/cost/cluster.h"
+#include "concerto/lower/frontend.h"
 #include "concerto/lower/plan.h"
 #include "concerto/lower/sharding_plan.h"
 #include "concerto/schedule/schedule.h"
@@ -98,6 +99,15 @@ TEST(ReaderRobustness, ScheduleFileTypesAndRangesAreChecked) {
 TEST(ReaderRobustness, ShardingFileDescribesDeepValuesCheaply) {
   Result<ShardingPlan> s = ParseShardingPlan("{\"mesh\": {\"dp\": " + DeepList(100000) + "}}", "sh.json");
   ExpectErrorContains(s.status(), "size must be an integer >= 1, got a list of 1 item");
+}
+
+TEST(ReaderRobustness, MicrobatchesAreBoundedBeforeAnythingIsBuilt) {
+  // A million micro-batches on gpt-tiny grew past 2.8 GB before; now a message, at once.
+  Result<Program> p = LowerModelPlan("gpt-tiny", "pp=2,microbatches=1048576");
+  ExpectErrorContains(p.status(), "microbatches must be at most 4096, got 1048576");
+  p = LowerModelPlan("gpt-tiny", "microbatches=1048576");
+  ExpectErrorContains(p.status(), "microbatches must be at most 4096");
+  EXPECT_TRUE(LowerModelPlan("gpt-tiny", "pp=2,microbatches=64").ok());
 }
 
 TEST(ReaderRobustness, DescribeJsonNeverDumpsContainers) {
