@@ -111,6 +111,9 @@ Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const Co
   MemoryPeak peak = PeakMemory(p, timeline);
   s.peak_memory_bytes = peak.peak_bytes;
   s.peak_memory_rank = peak.rank;
+  s.peak_memory_time_us = peak.time_us;
+  s.peak_memory_op = peak.op;
+  s.peak_live = peak.top_live;
   auto cu = Union(compute[s.report_rank]);
   for (int k : comm_records[s.report_rank]) {
     const OpRecord& r = timeline.records[k];
@@ -150,6 +153,11 @@ json SummaryJson(const Summary& s) {
   j["memory_budget_bytes"] = s.memory_budget_bytes;
   j["fits_memory"] = s.fits_memory;
   j["peak_memory_rank"] = s.peak_memory_rank;
+  j["peak_memory_time_us"] = s.peak_memory_time_us;
+  j["peak_memory_op"] = s.peak_memory_op;
+  j["peak_live_tensors"] = json::array();
+  for (const LiveTensor& t : s.peak_live)
+    j["peak_live_tensors"].push_back({{"name", t.name}, {"bytes", t.bytes}, {"producer", t.producer}});
   j["report_rank"] = s.report_rank;
   j["num_ops"] = s.num_ops;
   j["ranks_simulated"] = s.ranks_simulated;
@@ -198,6 +206,11 @@ std::string ChromeTrace(const ScheduledProgram& sp, const Timeline& timeline) {
     events.push_back({{"name", op.name}, {"cat", ToString(op.kind)}, {"ph", "X"}, {"pid", r.rank},
                       {"tid", r.stream}, {"ts", r.start_us}, {"dur", r.end_us - r.start_us}, {"args", args}});
   }
+  // A memory counter track per rank (live bytes over time, sim/memory.h).
+  for (const MemoryCurve& c : MemoryCurves(p, timeline))
+    for (const auto& [t, bytes] : c.points)
+      events.push_back({{"name", "memory"}, {"ph", "C"}, {"pid", c.rank}, {"ts", t},
+                        {"args", {{"live GiB", bytes / double(1 << 30)}}}});
   json trace = {{"traceEvents", events}, {"displayTimeUnit", "ms"},
                 {"otherData", {{"scheduler", sp.schedule.scheduler}, {"makespan_us", timeline.makespan_us}}}};
   return DumpJson(trace) + "\n";

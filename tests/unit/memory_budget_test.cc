@@ -11,7 +11,12 @@
 #include "concerto/driver/driver.h"
 #include "concerto/driver/options.h"
 #include "concerto/lower/frontend.h"
+#include "concerto/report/report.h"
+#include "concerto/schedule/scheduler.h"
+#include "concerto/sim/memory.h"
+#include "concerto/sim/simulator.h"
 #include "concerto/util/units.h"
+#include "test_ops_util.h"
 
 namespace concerto {
 namespace {
@@ -107,6 +112,50 @@ TEST(MemoryBudget, DecompositionDoesNotTakeAFittingProgramOverTheBudget) {
   EXPECT_EQ(run->decompose->rejected_reason, "over the memory budget");
   EXPECT_TRUE(run->summary.fits_memory);
   EXPECT_LE(run->summary.peak_memory_bytes, int64_t{12} << 30);
+}
+
+TEST(MemoryBudget, ThePeakNamesItsOpAndLiveTensors) {
+  // One rank, fifo, explicit durations; tensors of 16 bytes (4 x f32) except
+  // "big" (64 x f32 = 256 bytes):
+  //   compute |a 0-10|b 10-20|c 20-30|
+  //   a: in -> x (16), b: x -> big (256), c: big, x -> out (16)
+  // Live: in [0, 10] (16; its consumer a ends at 10); x from 0 to 30; big from
+  // 10 to 30; out from 20 to the end of the step, 30 (nothing reads it). At 0: in + x = 32;
+  // at 10 in is freed (16) and big allocated: 16 + 256 = 272 -> the peak, when
+  // b starts; at 20 out: 288, the peak after all (x, big, out): the largest
+  // live are big 256, then x and out 16 each.
+  using testing::MakeOp;
+  using testing::T;
+  Program p;
+  p.name = "mem";
+  p.mesh.axes = {{"dp", 1}};
+  Graph g;
+  g.name = "main";
+  g.tensors = {T("in"), T("x"), Tensor{"big", {64}, DType::kF32, {{}}, {}}, T("out")};
+  g.ops = {MakeOp(0, "a", OpKind::kCompute, "compute", {"in"}, {"x"}, 10),
+           MakeOp(1, "b", OpKind::kCompute, "compute", {"x"}, {"big"}, 10),
+           MakeOp(2, "c", OpKind::kCompute, "compute", {"big", "x"}, {"out"}, 10)};
+  p.graphs.push_back(g);
+  p.roles.push_back({"spmd", "main", {0}});
+  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
+  ScheduledProgram sp = RunBaseline("fifo", p, cost).value();
+  Timeline t = Simulate(sp, cost).value();
+  const MemoryPeak peak = PeakMemory(sp.program, t);
+  EXPECT_EQ(peak.peak_bytes, 288);
+  EXPECT_EQ(peak.time_us, 20);
+  EXPECT_EQ(peak.op, "op 2 'c'");
+  ASSERT_EQ(peak.top_live.size(), 3u);
+  EXPECT_EQ(peak.top_live[0].name, "big");
+  EXPECT_EQ(peak.top_live[0].bytes, 256);
+  EXPECT_EQ(peak.top_live[0].producer, "b");
+  // The trace's memory counter track follows the same curve: 32, 272, 288,
+  // and 0 at 30, when the step ends (out, read by nothing, is held to the end).
+  const std::vector<MemoryCurve> curves = MemoryCurves(sp.program, t);
+  ASSERT_EQ(curves.size(), 1u);
+  EXPECT_EQ(curves[0].points, (std::vector<std::pair<double, int64_t>>{{0, 32}, {10, 272}, {20, 288}, {30, 0}}));
+  const std::string trace = ChromeTrace(sp, t);
+  EXPECT_NE(trace.find("\"ph\":\"C\""), std::string::npos);
+  EXPECT_NE(trace.find("\"live GiB\""), std::string::npos);
 }
 
 }  // namespace

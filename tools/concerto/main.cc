@@ -209,13 +209,20 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
       s.compute_busy_us / 1e3, s.comm_busy_us / 1e3, s.exposed_comm_us / 1e3, 100 * s.overlap_ratio,
       s.ranks_simulated, s.representative ? " (one per role, exact)" : "", s.costs.explicit_ops,
       s.costs.profiled_ops, s.costs.analytic_ops);
-  std::cout << fmt::format("peak memory {:.2f} GiB per rank (rank {}){}\n", s.peak_memory_bytes / double(1 << 30),
-                           s.peak_memory_rank,
+  std::cout << fmt::format("peak memory {:.2f} GiB per rank (rank {}, at {:.3f} ms{}){}\n",
+                           s.peak_memory_bytes / double(1 << 30), s.peak_memory_rank, s.peak_memory_time_us / 1e3,
+                           s.peak_memory_op.empty() ? std::string() : ", when " + s.peak_memory_op + " starts",
                            s.memory_budget_bytes <= 0 ? std::string("; no memory budget")
                            : s.fits_memory
                                ? fmt::format(", within the {:.2f} GiB budget", s.memory_budget_bytes / double(1 << 30))
                                : fmt::format(" -- OOM: over the {:.2f} GiB budget; this schedule does not fit the device",
                                              s.memory_budget_bytes / double(1 << 30)));
+  if (!s.peak_live.empty()) {
+    std::cout << "largest tensors live at the peak:\n";
+    for (const LiveTensor& t : s.peak_live)
+      std::cout << fmt::format("  {:<40} {:>10.3f} GiB{}\n", t.name, t.bytes / double(1 << 30),
+                               t.producer.empty() ? " (an input)" : " (from " + t.producer + ")");
+  }
   if (!s.top_exposed.empty()) {
     std::cout << "most exposed collectives:\n";
     for (size_t i = 0; i < s.top_exposed.size() && i < 5; ++i)

@@ -11,6 +11,7 @@
 #include "concerto/cost/cost_model.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/sim/lower_bound.h"
+#include "concerto/sim/memory.h"
 #include "concerto/sim/simulator.h"
 
 namespace concerto {
@@ -41,6 +42,9 @@ struct Summary {
   int64_t memory_budget_bytes = 0;  // the budget it was checked against (0: none; the driver sets it)
   bool fits_memory = true;          // peak_memory_bytes <= memory_budget_bytes (or no budget)
   int peak_memory_rank = 0;
+  double peak_memory_time_us = 0;
+  std::string peak_memory_op;            // the op whose output reached the peak
+  std::vector<LiveTensor> peak_live;     // the largest tensors live at the peak (<= 5)
   int num_ops = 0;             // ops per simulated rank, summed over roles
   int ranks_simulated = 0;
   bool representative = false;
