@@ -21,6 +21,10 @@ namespace {
 constexpr size_t kMaxReportedViolations = 20;
 /// The most send/recv pairing lines VerifyProgram lists.
 constexpr size_t kMaxPairingViolations = 20;
+/// The send/recv pairing check holds one entry per (send or recv op, rank
+/// that runs it); past this many it would take gigabytes, so the program is
+/// rejected up front (docs/ir.md, "Limits").
+constexpr int64_t kMaxPointToPointInstances = int64_t{1} << 22;
 /// The most ops a cycle message spells out.
 constexpr int kMaxCycleOps = 12;
 /// Largest element count of a tensor (keeps byte counts far from overflow).
@@ -441,6 +445,18 @@ void ComparePairs(const P2pKey& key, const std::vector<P2pIssue>& sends,
 
 /// Resolves every send/recv on every rank and pairs them by (src, dst, tag).
 void CheckPointToPoint(const Program& program, std::vector<std::string>* out) {
+  int64_t instances = 0;
+  for (const Role& role : program.roles) {
+    int64_t ops = 0;
+    for (const Op& op : program.GraphOf(role).ops) ops += op.kind == OpKind::kSend || op.kind == OpKind::kRecv;
+    instances += ops * static_cast<int64_t>(role.ranks.size());
+  }
+  if (instances > kMaxPointToPointInstances) {
+    out->push_back("the program's sends and recvs run " + std::to_string(instances) +
+                   " times over all ranks (send/recv ops x ranks of their role): more than the " +
+                   std::to_string(kMaxPointToPointInstances) + " the verifier pairs (docs/ir.md, \"Limits\")");
+    return;
+  }
   std::map<P2pKey, std::vector<P2pIssue>> sends, recvs;
   int peer_errors = 0;
   for (const Role& role : program.roles) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "concerto/cost/cluster.h"
+#include "concerto/ir/verifier.h"
 #include "concerto/lower/frontend.h"
 #include "concerto/lower/plan.h"
 #include "concerto/lower/sharding_plan.h"
@@ -108,6 +109,47 @@ TEST(ReaderRobustness, MicrobatchesAreBoundedBeforeAnythingIsBuilt) {
   p = LowerModelPlan("gpt-tiny", "microbatches=1048576");
   ExpectErrorContains(p.status(), "microbatches must be at most 4096");
   EXPECT_TRUE(LowerModelPlan("gpt-tiny", "pp=2,microbatches=64").ok());
+}
+
+TEST(ReaderRobustness, PointToPointPairingIsBoundedUpFront) {
+  // 32 sends and recvs on a mesh of 2^20 ranks: the pairing check would hold
+  // 32 x 2^20 entries (gigabytes); it is refused at once with the limit.
+  Program p;
+  p.name = "wide";
+  p.mesh.axes = {{"pp", 1 << 20}};
+  Graph g;
+  g.name = "main";
+  g.streams = {"compute", "comm"};
+  for (int i = 0; i < 16; ++i) {
+    const std::string t = "t" + std::to_string(i), r = "r" + std::to_string(i);
+    g.tensors.push_back(Tensor{t, {4}, DType::kF32, {{}}, {}});
+    g.tensors.push_back(Tensor{r, {4}, DType::kF32, {{}}, {}});
+    Op send;
+    send.id = 2 * i;
+    send.name = "send" + std::to_string(i);
+    send.kind = OpKind::kSend;
+    send.stream = "comm";
+    send.inputs = {t};
+    send.peer = {"pp", 1, -1};
+    send.message_bytes = 16;
+    Op recv = send;
+    recv.id = 2 * i + 1;
+    recv.name = "recv" + std::to_string(i);
+    recv.kind = OpKind::kRecv;
+    recv.inputs = {};
+    recv.outputs = {r};
+    recv.peer = {"pp", -1, -1};
+    g.ops.push_back(send);
+    g.ops.push_back(recv);
+  }
+  p.graphs.push_back(g);
+  Role role{"all", "main", {}};
+  for (int r = 0; r < (1 << 20); ++r) role.ranks.push_back(r);
+  p.roles.push_back(role);
+  const std::vector<std::string> v = VerifyProgram(p);
+  bool found = false;
+  for (const std::string& line : v) found |= line.find("more than the 4194304 the verifier pairs") != std::string::npos;
+  EXPECT_TRUE(found) << (v.empty() ? "no violations" : v.front());
 }
 
 TEST(ReaderRobustness, DescribeJsonNeverDumpsContainers) {
