@@ -269,13 +269,13 @@ class ClusterFileReader {
         {"vector_efficiency", NumberField(&d.vector_efficiency)},
         {"memory_efficiency", NumberField(&d.memory_efficiency)},
         {"launch_overhead_us", NumberField(&d.launch_overhead_us)},
-        {"sm_count", CountField(&d.sm_count)},
+        {"sm_count", WholeField(&d.sm_count, 0)},
         {"gemm_ramp_k", NumberField(&d.gemm_ramp_k)},
     };
     TopologySpec& t = spec->topology;
     std::vector<Field> topology_fields = {
         {"intra_link", [&](const FileNode& n, const std::string& f) { return String(n, f, &t.intra_link); }},
-        {"nics_per_node", CountField(&t.nics_per_node)},
+        {"nics_per_node", WholeField(&t.nics_per_node, 0)},
         {"network_crosses_intra_link", BoolField(&t.network_crosses_intra_link)},
         {"share_links", BoolField(&t.share_links)},
         {"interference_growth", NumberField(&t.interference_growth)},
@@ -289,8 +289,8 @@ class ClusterFileReader {
         {"name", [&](const FileNode& n, const std::string& f) { return String(n, f, &spec->name); }},
         {"description",
          [&](const FileNode& n, const std::string& f) { return String(n, f, &spec->description); }},
-        {"nodes", IntegerField(&spec->nodes)},
-        {"devices_per_node", IntegerField(&spec->devices_per_node)},
+        {"nodes", WholeField(&spec->nodes, 1)},
+        {"devices_per_node", WholeField(&spec->devices_per_node, 1)},
         {"device", [&](const FileNode& n, const std::string& f) { return Map(n, f, device_fields); }},
         {"intra_node",
          [&](const FileNode& n, const std::string& f) {
@@ -376,13 +376,15 @@ class ClusterFileReader {
     return [this, out](const FileNode& n, const std::string& f) { return Number(n, f, out); };
   }
 
-  /// A whole number >= 0 (0 means "off" or "not given" for the fields that take it).
-  Setter CountField(int* out) {
-    return [this, out](const FileNode& n, const std::string& f) -> Status {
+  /// A whole number in [min, 1000000] (for `min` 0, 0 means "off" or "not given").
+  Setter WholeField(int* out, int min) {
+    return [this, out, min](const FileNode& n, const std::string& f) -> Status {
       double v = 0;
       CONCERTO_RETURN_IF_ERROR(Number(n, f, &v));
-      if (!std::isfinite(v) || v != std::floor(v) || v < 0 || v > 1e6)
-        return Error(f, "must be a whole number in [0, 1000000], got " + Describe(n));
+      if (!std::isfinite(v) || v != std::floor(v) || v < min || v > 1e6)
+        return Error(f, min == 1 ? "must be a positive integer, got " + Describe(n)
+                                 : "must be a whole number in [" + std::to_string(min) + ", 1000000], got " +
+                                       Describe(n));
       *out = static_cast<int>(v);
       return Status::Ok();
     };
@@ -396,17 +398,6 @@ class ClusterFileReader {
         return Status::Ok();
       }
       return Error(f, "must be true or false, got " + Describe(n));
-    };
-  }
-
-  Setter IntegerField(int* out) {
-    return [this, out](const FileNode& n, const std::string& f) -> Status {
-      double v = 0;
-      CONCERTO_RETURN_IF_ERROR(Number(n, f, &v));
-      if (!std::isfinite(v) || v != std::floor(v) || v < 1 || v > 1e6)
-        return Error(f, "must be a positive integer, got " + Describe(n));
-      *out = static_cast<int>(v);
-      return Status::Ok();
     };
   }
 

@@ -215,9 +215,10 @@ Result<Program> DecomposeWherePays(const Program& program, const CostModel& cost
   // program over the memory budget where it fitted is not taken (the search
   // starts from baselines of the program it gets).
   const int64_t budget = MemoryBudgetBytes(options, cost.cluster());
-  const bool fitted = budget <= 0 || PeakMemory(before->first.program, before->second).peak_bytes <= budget;
-  const bool fits = budget <= 0 || PeakMemory(after->first.program, after->second).peak_bytes <= budget;
-  if (fitted && !fits) {
+  const auto fits = [budget](const std::pair<ScheduledProgram, Timeline>& run) {
+    return budget <= 0 || PeakMemory(run.first.program, run.second).peak_bytes <= budget;
+  };
+  if (fits(*before) && !fits(*after)) {
     report->rejected = true;
     report->rejected_reason = "over the memory budget";
     return program;

@@ -48,12 +48,11 @@ int Reassign(Program& program, const StreamOf& stream_of) {
       ++changed;
     }
     std::set<std::string> used;
-    for (const Op& op : g.ops) used.insert(op.stream);
-    std::vector<std::string> streams;
+    bool any_comm = false;
+    for (const Op& op : g.ops) used.insert(op.stream), any_comm = any_comm || op.IsComm();
+    std::vector<std::string> streams;  // a graph without comm ops keeps what it declared
     for (const std::string& s : g.streams)
-      if (used.count(s) || !std::any_of(g.ops.begin(), g.ops.end(), [](const Op& op) { return op.IsComm(); }) ||
-          s == "compute")
-        streams.push_back(s);
+      if (used.count(s) || !any_comm || s == "compute") streams.push_back(s);
     for (const Op& op : g.ops)
       if (std::find(streams.begin(), streams.end(), op.stream) == streams.end()) streams.push_back(op.stream);
     g.streams = std::move(streams);

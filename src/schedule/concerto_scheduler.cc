@@ -761,41 +761,49 @@ class Search {
     }
   }
 
-  /// The starting point with inter-node collectives on a stream of their own
-  /// (SplitInterNodeStreams), kept when it simulates faster and fits.
-  void TrySplitStreams() {
-    Candidate split = best_;
-    const int moved = SplitInterNodeStreams(split.sp, cost_.cluster());
-    if (moved == 0) return;
-    Result<Measured> m = Measure(split.sp, cost_, opts_.sim);
+  /// Keeps `sp`, a stream rewrite of the starting point described by `what`,
+  /// when it simulates faster and fits (the name gains `suffix`). Returns
+  /// whether it was kept.
+  bool KeepStreamRewrite(ScheduledProgram sp, const std::string& what, const std::string& suffix) {
+    Result<Measured> m = Measure(sp, cost_, opts_.sim);
     const bool keep = m.ok() && m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
-    Say(fmt::format("{} inter-node collectives on a stream of their own: {}", moved,
+    Say(fmt::format("{}: {}", what,
                     !m.ok() ? m.status().message()
                             : fmt::format("{:.3f} ms -> {:.3f} ms{}", best_.makespan_us / 1e3, m->makespan_us / 1e3,
                                           keep ? "" : " (not kept)")));
-    if (!keep) return;
-    report_->inter_node_stream_ops = moved;
-    best_ = {std::move(split.sp), m->makespan_us, best_.name + "+streams", m->peak_bytes};
+    if (keep) best_ = {std::move(sp), m->makespan_us, best_.name + suffix, m->peak_bytes};
+    return keep;
+  }
+
+  /// The starting point with inter-node collectives on a stream of their own
+  /// (SplitInterNodeStreams), kept when it simulates faster and fits.
+  void TrySplitStreams() {
+    ScheduledProgram split = best_.sp;
+    const int moved = SplitInterNodeStreams(split, cost_.cluster());
+    if (moved == 0) return;
+    if (KeepStreamRewrite(std::move(split), fmt::format("{} inter-node collectives on a stream of their own", moved),
+                          "+streams"))
+      report_->inter_node_stream_ops = moved;
   }
 
   /// The starting point with every communicator of a rank on one stream
   /// (MergeCommStreams), kept when it simulates faster and fits: concerto
   /// chooses the mapping of groups to streams.
   void TryMergeStreams() {
+    const bool several = std::any_of(best_.sp.program.graphs.begin(), best_.sp.program.graphs.end(), [](const Graph& g) {
+      std::set<std::string> comm;
+      for (const Op& op : g.ops)
+        if (op.IsComm()) comm.insert(op.stream);
+      return comm.size() > 1;
+    });
+    if (!several) return;  // nothing to merge: no simulation, no copy
     Result<Timeline> tl = Simulate(best_.sp, cost_, opts_.sim);
     if (!tl.ok()) return;
-    Candidate merged = best_;
-    const int moved = MergeCommStreams(merged.sp, *tl);
-    if (moved == 0) return;
-    Result<Measured> m = Measure(merged.sp, cost_, opts_.sim);
-    const bool keep = m.ok() && m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
-    Say(fmt::format("every communicator on one stream ({} ops moved): {}", moved,
-                    !m.ok() ? m.status().message()
-                            : fmt::format("{:.3f} ms -> {:.3f} ms{}", best_.makespan_us / 1e3, m->makespan_us / 1e3,
-                                          keep ? "" : " (not kept)")));
-    if (!keep) return;
-    report_->comm_streams_merged = moved;
-    best_ = {std::move(merged.sp), m->makespan_us, best_.name + "+one-comm-stream", m->peak_bytes};
+    ScheduledProgram merged = best_.sp;
+    const int moved = MergeCommStreams(merged, *tl);
+    if (KeepStreamRewrite(std::move(merged), fmt::format("every communicator on one stream ({} ops moved)", moved),
+                          "+one-comm-stream"))
+      report_->comm_streams_merged = moved;
   }
 
   Status InitRoles() {

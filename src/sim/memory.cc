@@ -107,10 +107,13 @@ MemoryPeak PeakMemory(const Program& program, const Timeline& timeline, const st
 
 std::vector<MemoryCurve> MemoryCurves(const Program& program, const Timeline& timeline) {
   std::vector<MemoryCurve> curves;
+  std::map<int, GraphIndex> indexes;  // per graph, built once (ranks of a role share their graph)
   for (const auto& [rank, recs] : ByRank(program, timeline)) {
-    const Graph& g = program.GraphOf(program.roles[program.RoleOfRank(rank)]);
-    const GraphIndex index = GraphIndex::Build(g);
-    const RankEvents r = Events(g, index, recs, timeline.makespan_us);
+    const int gi = program.GraphIndex(program.roles[program.RoleOfRank(rank)].graph);
+    const Graph& g = program.graphs[gi];
+    auto it = indexes.find(gi);
+    if (it == indexes.end()) it = indexes.emplace(gi, GraphIndex::Build(g)).first;
+    const RankEvents r = Events(g, it->second, recs, timeline.makespan_us);
     MemoryCurve c;
     c.rank = rank;
     int64_t live = 0;

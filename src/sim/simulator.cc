@@ -29,7 +29,6 @@ struct Flow {
   double rate = 1;
   double last_us = 0;
   int version = 0;
-  bool active = false;
   bool fresh = false;  // joined its links and has no end event yet
   std::vector<std::pair<int, double>> demand;  // (global link id, fraction of its capacity)
 };
@@ -380,7 +379,6 @@ class Simulator {
     now_ = t;
     Flow& f = flows_[id];
     if (what == kFlowJoin) {
-      f.active = true;
       f.fresh = true;
       f.rate = 1;
       f.last_us = now_;
@@ -388,7 +386,6 @@ class Simulator {
       ShareLinks();
       return;
     }
-    f.active = false;
     active_flows_.erase(std::find(active_flows_.begin(), active_flows_.end(), id));
     ShareLinks();
     for (int m : rvs_[id].members) {

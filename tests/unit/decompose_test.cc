@@ -41,25 +41,34 @@ class FakeCost : public CostModel {
   ClusterSpec cluster_;
 };
 
-/// One role on a tp=2 mesh: x [4, 8, 16] (replicated) times w [16, 32]
-/// gives a partial y [4, 8, 32] (bf16: 2048 bytes), all-reduced over tp.
-Program MatmulAllReduce() {
+/// One role on a tp mesh: x (replicated, last dim k) times w [k, n] (sharded
+/// over tp) gives a partial y, all-reduced over tp into z; bf16.
+Program MatmulAllReduce(const std::vector<int64_t>& x_shape, int64_t n, int tp, double flops) {
   Program p;
   p.name = "mm_ar";
-  p.mesh.axes = {{"tp", 2}};
+  p.mesh.axes = {{"tp", tp}};
   Graph g;
   g.name = "g";
   lower::GraphBuilder b(&g);
-  b.AddTensor("x", {4, 8, 16}, DType::kBF16, {{}, {}, {}});
-  b.AddTensor("w", {16, 32}, DType::kBF16, {{}, {"tp"}});
-  b.AddTensor("y", {4, 8, 32}, DType::kBF16, {{}, {}, {}}, {"tp"});
-  b.AddTensor("z", {4, 8, 32}, DType::kBF16, {{}, {}, {}});
-  b.AddCompute("mm", ComputeType::kMatmul, {"x", "w"}, {"y"}, 100e6);
+  std::vector<int64_t> y_shape = x_shape;
+  y_shape.back() = n;
+  const lower::Sharding replicated(x_shape.size());
+  b.AddTensor("x", x_shape, DType::kBF16, replicated);
+  b.AddTensor("w", {x_shape.back(), n}, DType::kBF16, {{}, {"tp"}});
+  b.AddTensor("y", y_shape, DType::kBF16, replicated, {"tp"});
+  b.AddTensor("z", y_shape, DType::kBF16, replicated);
+  b.AddCompute("mm", ComputeType::kMatmul, {"x", "w"}, {"y"}, flops);
   b.AddCollective("ar", CollectiveType::kAllReduce, "y", "z", {"tp"}, ReduceOp::kSum, "activation");
   p.graphs.push_back(g);
-  p.roles.push_back({"all", "g", {0, 1}});
+  Role role{"all", "g", {}};
+  for (int r = 0; r < tp; ++r) role.ranks.push_back(r);
+  p.roles.push_back(role);
   return p;
 }
+
+/// tp=2: x [4, 8, 16] times w [16, 32] gives a partial y [4, 8, 32] (bf16:
+/// 2048 bytes), all-reduced over tp.
+Program MatmulAllReduce() { return MatmulAllReduce({4, 8, 16}, 32, 2, 100e6); }
 
 TEST(DecomposeTest, ChunksAnExposedAllReduce) {
   // The all-reduce moves 2048 bytes at 100/2048 us per byte: 100 us; the
@@ -118,23 +127,7 @@ TEST(DecomposeTest, ChunksAnExposedAllReduce) {
 
 /// One role on a tp=8 mesh (one a800 node): x [2048, 4096] times w [4096,
 /// 2048] all-reduced over tp (8 MiB in bf16).
-Program GemmAllReduceTp8() {
-  Program p;
-  p.name = "gemm_ar";
-  p.mesh.axes = {{"tp", 8}};
-  Graph g;
-  g.name = "g";
-  lower::GraphBuilder b(&g);
-  b.AddTensor("x", {2048, 4096}, DType::kBF16, {{}, {}});
-  b.AddTensor("w", {4096, 2048}, DType::kBF16, {{}, {"tp"}});
-  b.AddTensor("y", {2048, 2048}, DType::kBF16, {{}, {}}, {"tp"});
-  b.AddTensor("z", {2048, 2048}, DType::kBF16, {{}, {}});
-  b.AddCompute("mm", ComputeType::kMatmul, {"x", "w"}, {"y"}, 2.0 * 2048 * 2048 * 4096);
-  b.AddCollective("ar", CollectiveType::kAllReduce, "y", "z", {"tp"}, ReduceOp::kSum, "activation");
-  p.graphs.push_back(g);
-  p.roles.push_back({"all", "g", {0, 1, 2, 3, 4, 5, 6, 7}});
-  return p;
-}
+Program GemmAllReduceTp8() { return MatmulAllReduce({2048, 4096}, 2048, 8, 2.0 * 2048 * 2048 * 4096); }
 
 TEST(DecomposeTest, SizeAwareGemmsDeclineAChunkingThatNoLongerPays) {
   // On a800-4x8 the 2048 x 2048 (K 4096) GEMM reaches 0.754154 of the large-GEMM

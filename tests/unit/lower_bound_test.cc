@@ -107,8 +107,13 @@ TEST(LowerBoundTest, NoScheduleBeatsItOnTheFrontendsWorkloads) {
 /// cluster (zero latency): collectives over x and over y run on their own
 /// streams (comm.x, comm.y) but share the device's NVLink port.
 ClusterSpec OneNodeOfFour() {
-  ClusterSpec c = LoadCluster(std::string(CONCERTO_SOURCE_DIR) + "/tests/golden/clusters/links-1x4.yaml").value();
-  return c;
+  return LoadCluster(std::string(CONCERTO_SOURCE_DIR) + "/tests/golden/clusters/links-1x4.yaml").value();
+}
+
+/// A program on that mesh: one role on all 4 ranks, streams compute, comm.x, comm.y.
+Program XYProgram(std::vector<Tensor> tensors, std::vector<Op> ops) {
+  return testing::OneRoleProgram({{"x", 2}, {"y", 2}}, {"compute", "comm.x", "comm.y"}, std::move(tensors),
+                                 std::move(ops));
 }
 
 TEST(LowerBoundTest, SharedLinkLoadIsABound) {
@@ -119,21 +124,13 @@ TEST(LowerBoundTest, SharedLinkLoadIsABound) {
   // the simulator gives (they share the port at half rate each).
   using testing::MakeOp;
   using testing::T;
-  Program p;
-  p.name = "shared";
-  p.mesh.axes = {{"x", 2}, {"y", 2}};
-  Graph g;
-  g.name = "main";
-  g.streams = {"compute", "comm.x", "comm.y"};
-  g.tensors = {T("in"), T("g"), T("g1"), T("g2"), T("o")};
-  g.ops = {MakeOp(0, "a", OpKind::kCompute, "compute", {"in"}, {"g"}, 10),
-           MakeOp(1, "ar1", OpKind::kCollective, "comm.x", {"g"}, {"g1"}, 20),
-           MakeOp(2, "ar2", OpKind::kCollective, "comm.y", {"g"}, {"g2"}, 30),
-           MakeOp(3, "c", OpKind::kCompute, "compute", {"g1", "g2"}, {"o"}, 5)};
-  g.ops[1].group.axes = {"x"};
-  g.ops[2].group.axes = {"y"};
-  p.graphs.push_back(g);
-  p.roles.push_back({"spmd", "main", {0, 1, 2, 3}});
+  std::vector<Op> ops = {MakeOp(0, "a", OpKind::kCompute, "compute", {"in"}, {"g"}, 10),
+                         MakeOp(1, "ar1", OpKind::kCollective, "comm.x", {"g"}, {"g1"}, 20),
+                         MakeOp(2, "ar2", OpKind::kCollective, "comm.y", {"g"}, {"g2"}, 30),
+                         MakeOp(3, "c", OpKind::kCompute, "compute", {"g1", "g2"}, {"o"}, 5)};
+  ops[1].group.axes = {"x"};
+  ops[2].group.axes = {"y"};
+  Program p = XYProgram({T("in"), T("g"), T("g1"), T("g2"), T("o")}, std::move(ops));
   AnalyticCostModel cost(OneNodeOfFour());
   const LowerBound lb = ComputeLowerBound(p, cost);
   EXPECT_DOUBLE_EQ(lb.stream_load_us, 50);
@@ -167,17 +164,12 @@ TEST(LowerBoundTest, NeverAboveTheOptimumWithSharedLinks) {
   AnalyticCostModel cost(OneNodeOfFour());
   int link_binds = 0;
   for (int trial = 0; trial < 60; ++trial) {
-    Program p;
-    p.name = "random";
-    p.mesh.axes = {{"x", 2}, {"y", 2}};
-    Graph g;
-    g.name = "main";
-    g.streams = {"compute", "comm.x", "comm.y"};
-    g.tensors.push_back(T("in"));
+    std::vector<Tensor> tensors = {T("in")};
+    std::vector<Op> ops;
     for (int i = 0; i < 7; ++i) {
       const int kind = std::uniform_int_distribution<int>(0, 2)(rng);  // 0 compute, 1 over x, 2 over y
       const std::string out = "t" + std::to_string(i);
-      g.tensors.push_back(T(out));
+      tensors.push_back(T(out));
       std::vector<std::string> in = {"in"};
       if (i > 0) in = {"t" + std::to_string(std::uniform_int_distribution<int>(0, i - 1)(rng))};
       if (kind == 0 && i > 1 && rng() % 2) in.push_back("t" + std::to_string(std::uniform_int_distribution<int>(0, i - 1)(rng)));
@@ -186,10 +178,9 @@ TEST(LowerBoundTest, NeverAboveTheOptimumWithSharedLinks) {
       Op op = MakeOp(i, "op" + std::to_string(i), kind == 0 ? OpKind::kCompute : OpKind::kCollective,
                      kind == 0 ? "compute" : kind == 1 ? "comm.x" : "comm.y", in, {out}, us);
       if (kind != 0) op.group.axes = {kind == 1 ? "x" : "y"};
-      g.ops.push_back(op);
+      ops.push_back(op);
     }
-    p.graphs.push_back(g);
-    p.roles.push_back({"spmd", "main", {0, 1, 2, 3}});
+    const Program p = XYProgram(std::move(tensors), std::move(ops));
     const LowerBound lb = ComputeLowerBound(p, cost);
     const double opt = testing::BruteForceOptimum(p, cost);
     ASSERT_GT(opt, 0) << trial;

@@ -126,17 +126,11 @@ TEST(MemoryBudget, ThePeakNamesItsOpAndLiveTensors) {
   // live are big 256, then x and out 16 each.
   using testing::MakeOp;
   using testing::T;
-  Program p;
-  p.name = "mem";
-  p.mesh.axes = {{"dp", 1}};
-  Graph g;
-  g.name = "main";
-  g.tensors = {T("in"), T("x"), Tensor{"big", {64}, DType::kF32, {{}}, {}}, T("out")};
-  g.ops = {MakeOp(0, "a", OpKind::kCompute, "compute", {"in"}, {"x"}, 10),
+  Program p = testing::OneRoleProgram({{"dp", 1}}, {"compute", "comm"},
+                                      {T("in"), T("x"), Tensor{"big", {64}, DType::kF32, {{}}, {}}, T("out")},
+                                      {MakeOp(0, "a", OpKind::kCompute, "compute", {"in"}, {"x"}, 10),
            MakeOp(1, "b", OpKind::kCompute, "compute", {"x"}, {"big"}, 10),
-           MakeOp(2, "c", OpKind::kCompute, "compute", {"big", "x"}, {"out"}, 10)};
-  p.graphs.push_back(g);
-  p.roles.push_back({"spmd", "main", {0}});
+           MakeOp(2, "c", OpKind::kCompute, "compute", {"big", "x"}, {"out"}, 10)});
   AnalyticCostModel cost(LoadCluster("a800-4x8").value());
   ScheduledProgram sp = RunBaseline("fifo", p, cost).value();
   Timeline t = Simulate(sp, cost).value();

@@ -152,16 +152,9 @@ TEST(SimulatorTest, DurationsThatOverflowAreAnErrorNotAnInfiniteIteration) {
   // Two ops of 1e308 us each, one after the other: each finite, the sum not.
   using testing::MakeOp;
   using testing::T;
-  Program p;
-  p.name = "overflow";
-  p.mesh.axes = {{"dp", 1}};
-  Graph g;
-  g.name = "main";
-  g.tensors = {T("x"), T("y"), T("z")};
-  g.ops = {MakeOp(0, "a", OpKind::kCompute, "compute", {"x"}, {"y"}, 1e308),
-           MakeOp(1, "b", OpKind::kCompute, "compute", {"y"}, {"z"}, 1e308)};
-  p.graphs.push_back(g);
-  p.roles.push_back({"spmd", "main", {0}});
+  Program p = testing::OneRoleProgram({{"dp", 1}}, {"compute", "comm"}, {T("x"), T("y"), T("z")},
+                                      {MakeOp(0, "a", OpKind::kCompute, "compute", {"x"}, {"y"}, 1e308),
+                                       MakeOp(1, "b", OpKind::kCompute, "compute", {"y"}, {"z"}, 1e308)});
   AnalyticCostModel cost = Cost();
   Result<Timeline> t = Simulate(RunBaseline("fifo", p, cost).value(), cost);
   ASSERT_FALSE(t.ok());

@@ -31,4 +31,23 @@ inline Op MakeOp(int id, const std::string& name, OpKind kind, const std::string
   return o;
 }
 
+/// A program of one role, "spmd", running graph "main" (`streams`,
+/// `tensors`, `ops`) on every rank of a mesh of `axes`.
+inline Program OneRoleProgram(std::vector<MeshAxis> axes, std::vector<std::string> streams,
+                              std::vector<Tensor> tensors, std::vector<Op> ops) {
+  Program p;
+  p.name = "test";
+  p.mesh.axes = std::move(axes);
+  Graph g;
+  g.name = "main";
+  g.streams = std::move(streams);
+  g.tensors = std::move(tensors);
+  g.ops = std::move(ops);
+  p.graphs.push_back(std::move(g));
+  Role role{"spmd", "main", {}};
+  for (int r = 0; r < p.mesh.NumRanks(); ++r) role.ranks.push_back(r);
+  p.roles.push_back(std::move(role));
+  return p;
+}
+
 }  // namespace concerto::testing
