@@ -245,11 +245,13 @@ std::string CheckAttention(const Operands& o) {
   return o.OutIs(0, o.In(0), "o has q's shape");
 }
 
-/// (do, q, k, v) -> (dq, dk, dv).
+/// (do, q, k, v[, o]) -> (dq, dk, dv); o, the forward output, is what a
+/// flash-style backward reads for its row sums.
 std::string CheckAttentionGrad(const Operands& o) {
-  CONCERTO_SHAPE_CHECK(o.Counts(4, 3));
+  CONCERTO_SHAPE_CHECK(o.Counts(o.NumIn() == 5 ? 5 : 4, 3));
   CONCERTO_SHAPE_CHECK(CheckQkv(o, 1));
   CONCERTO_SHAPE_CHECK(o.InIs(0, o.In(1), "do has q's shape"));
+  if (o.NumIn() == 5) CONCERTO_SHAPE_CHECK(o.InIs(4, o.In(1), "o (the forward output) has q's shape"));
   CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(1), "dq has q's shape"));
   CONCERTO_SHAPE_CHECK(o.OutIs(1, o.In(2), "dk has k's shape"));
   return o.OutIs(2, o.In(3), "dv has v's shape");
@@ -522,7 +524,8 @@ std::string CheckComputeType(const Operands& o, ComputeType type) {
     case ComputeType::kGatherTarget: return CheckGatherTarget(o);
     case ComputeType::kCrossEntropy: return CheckCrossEntropy(o);
     case ComputeType::kCrossEntropyGrad: return CheckCrossEntropyGrad(o);
-    case ComputeType::kAdam: return CheckSameShapes(o, 4, 3);
+    case ComputeType::kAdam:  // (p, g, m, v[, master]) -> (p', m', v'[, master'])
+      return o.NumIn() == 5 ? CheckSameShapes(o, 5, 4) : CheckSameShapes(o, 4, 3);
     case ComputeType::kSlice: return CheckSlice(o);
     case ComputeType::kConcat: return CheckConcat(o);
     case ComputeType::kCast: return CheckSameShapes(o, 1, 1);

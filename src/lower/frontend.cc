@@ -14,7 +14,7 @@ Result<Program> LowerModelPlan(const std::string& model, const std::string& plan
   const std::vector<std::string> evo = EvoformerPresetNames();
   if (std::find(evo.begin(), evo.end(), model) != evo.end()) {
     if (plan->tp != 1 || plan->pp != 1 || plan->ep != 1 || plan->sp || plan->zero != 0 || plan->microbatches != 1 ||
-        plan->vstages != 1)
+        plan->vstages != 1 || plan->recompute != Recompute::kNone)
       return Status::Error("plan '" + plan_text + "' for model '" + model +
                            "': the Evoformer frontend takes dp and dap only (e.g. dp=4,dap=8)");
     if (!plan->order.empty())

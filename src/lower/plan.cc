@@ -24,7 +24,8 @@ namespace {
 /// Largest accepted degree (keeps products of degrees far from overflow).
 constexpr int kMaxDegree = 1 << 20;
 
-constexpr const char* kKnownKeys = "dp, tp, pp, ep, sp, zero, microbatches, dap, vstages, order";
+constexpr const char* kKnownKeys =
+    "dp, tp, pp, ep, sp, zero, microbatches, dap, vstages, order, recompute";
 
 /// `text` without leading and trailing spaces and tabs.
 std::string Trim(const std::string& text) {
@@ -109,6 +110,7 @@ class PlanParser {
     if (!seen_.insert(key).second) return ItemError(item, "key '" + key + "' is given twice");
     if (key == "sp") return ParseFlag(item, key, has_value, value);
     if (key == "order") return ParseOrder(item, has_value, value);
+    if (key == "recompute") return ParseRecompute(item, value);
     if (!has_value) return ItemError(item, "'" + key + "' needs a value (" + key + "=N)");
     if (key == "zero") return ParseInt(item, key, value, 0, 3, &plan_.zero);
     return ParseInt(item, key, value, 1, kMaxDegree, IntField(key));
@@ -118,7 +120,7 @@ class PlanParser {
   static bool IsKnown(const std::string& key) {
     static const std::set<std::string> kKeys = {"dp",   "tp",  "pp",           "ep",
                                                 "sp",   "zero", "dap", "microbatches",
-                                                "vstages", "order"};
+                                                "vstages", "order", "recompute"};
     return kKeys.count(key) > 0;
   }
 
@@ -145,6 +147,16 @@ class PlanParser {
       pos = dash + 1;
     }
     return Status::Ok();
+  }
+
+  /// "recompute=none|selective|full".
+  Status ParseRecompute(const std::string& item, const std::string& value) {
+    for (Recompute r : {Recompute::kNone, Recompute::kSelective, Recompute::kFull})
+      if (value == ToString(r)) {
+        plan_.recompute = r;
+        return Status::Ok();
+      }
+    return ItemError(item, "recompute must be none, selective or full, got '" + value + "'");
   }
 
   /// A flag: bare ("sp"), or "=1" / "=0".
@@ -338,6 +350,15 @@ class PlanChecker {
 
 }  // namespace
 
+std::string_view ToString(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "none";
+}
+
 Result<ParallelPlan> ParsePlan(const std::string& text) { return PlanParser(text).Parse(); }
 
 std::string PlanToString(const ParallelPlan& plan) {
@@ -351,6 +372,7 @@ std::string PlanToString(const ParallelPlan& plan) {
   if (plan.dap != 1) s += ",dap=" + std::to_string(plan.dap);
   if (plan.vstages != 1) s += ",vstages=" + std::to_string(plan.vstages);
   if (!plan.order.empty()) s += ",order=" + JoinOrder(plan.order);
+  if (plan.recompute != Recompute::kNone) s += ",recompute=" + std::string(ToString(plan.recompute));
   return s;
 }
 
@@ -458,6 +480,8 @@ Result<ParallelPlan> ParsePlanFile(const std::string& text, const std::string& s
       if (v == "true" || v == "1") entry = "sp=1";
       else if (v == "false" || v == "0") entry = "sp=0";
       else return Status::Error(where + ": expected true or false, got '" + v + "'");
+    } else if (key == "recompute") {
+      entry = "recompute=" + v;
     } else if (key == "order") {
       if (v.find(',') != std::string::npos)
         return Status::Error(where + ": write the axes joined by '-' (dp-tp-pp) or as a list");

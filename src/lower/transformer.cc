@@ -417,7 +417,9 @@ class ParamStore {
   }
 
   /// Adam on one parameter (its shard under ZeRO): (param, grad, m, v) ->
-  /// (param', m', v'), moments f32. ZeRO-1/2 then all-gather the updated
+  /// (param', m', v'), moments f32; a 16-bit model adds its f32 master copy
+  /// ((.., master) -> (.., master')), so the step keeps 2 + 2 + 4 + 4 + 4 = 16
+  /// bytes per parameter as mixed-precision training does. ZeRO-1/2 then all-gather the updated
   /// shard into the whole parameter `name`.next (phase opt, "param_gather").
   void Adam(const Param& p) {
     b_->SetLayer(p.layer);
@@ -427,8 +429,13 @@ class ParamStore {
     std::string next = b_->AddLike(s + ".next", s, dtype_);
     std::string m_next = b_->AddLike(p.name + ".adam_m.next", s, DType::kF32);
     std::string v_next = b_->AddLike(p.name + ".adam_v.next", s, DType::kF32);
+    std::vector<std::string> inputs = {s, p.grad, m, v}, outputs = {next, m_next, v_next};
+    if (DTypeBytes(dtype_) < 4) {  // mixed precision: the f32 master copy Adam updates
+      inputs.push_back(b_->AddLike(s + ".master", s, DType::kF32));
+      outputs.push_back(b_->AddLike(s + ".master.next", s, DType::kF32));
+    }
     const double flops = kAdamFlopsPerElem * b_->Get(s).NumElements();
-    b_->AddCompute(p.name + ".adam", ComputeType::kAdam, {s, p.grad, m, v}, {next, m_next, v_next},
+    b_->AddCompute(p.name + ".adam", ComputeType::kAdam, std::move(inputs), std::move(outputs),
                    flops,
                    {{"lr", kAdamLr}, {"beta1", kAdamBeta1}, {"beta2", kAdamBeta2},
                     {"eps", kAdamEps}, {"step", 1}});
@@ -464,9 +471,14 @@ struct LocalDims {
 };
 
 /// Forward tensors of one block that its backward reads. `*_full` are the
-/// full-sequence inputs of the tp regions (the gathered ones under sp).
+/// full-sequence inputs of the tp regions (the gathered ones under sp); under
+/// sp the forward keeps only the norms' sequence shards `n1`, `n2` and the
+/// backward all-gathers them again (Megatron's sequence-parallel linear
+/// layers save the shard, not the gathered input), so `*_full` is empty in
+/// what the forward keeps. Under full recomputation the forward keeps `x`
+/// alone and the backward re-runs the block (TransformerLowering::Recompute).
 struct BlockActs {
-  std::string x, n1_full, q, k, v, attn, res1, n2_full;
+  std::string x, n1, n1_full, q, k, v, attn, res1, n2, n2_full;
   std::string up;   // gpt: fc1 output; llama: up projection output
   std::string gate; // llama: gate projection output
   std::string act;  // gpt: gelu output; llama: swiglu output
@@ -921,11 +933,12 @@ class TransformerLowering {
 
   // ---- tensors ------------------------------------------------------------
 
-  /// "L<layer>.", the prefix of a block's op and tensor names.
-  static std::string LayerPrefix(int layer) {
+  /// "L<layer>.", the prefix of a block's op and tensor names; while
+  /// recomputing, "L<layer>.recompute.".
+  std::string LayerPrefix(int layer) const {
     std::string prefix = "L";
     prefix += std::to_string(layer);
-    prefix += '.';
+    prefix += recomputing_ ? ".recompute." : ".";
     return prefix;
   }
   /// {"tp"} when tp > 1: the partial sum a row-parallel matmul leaves.
@@ -1050,17 +1063,31 @@ class TransformerLowering {
   }
   /// Declares the parameter and returns the tensor forward ops read.
   std::string UseParam(const std::string& name, Shape shape, Sharding sharding, int layer) {
-    return params_.Fwd(params_.Declare(name, std::move(shape), std::move(sharding), layer));
+    return ParamRead(params_.Declare(ParamName(name), std::move(shape), std::move(sharding), layer));
+  }
+  /// The parameter called `name` by a forward's naming: while recomputing,
+  /// the names carry "L<layer>.recompute." and the parameter is the
+  /// forward's "L<layer>.<...>".
+  std::string ParamName(const std::string& name) const {
+    if (!recomputing_) return name;
+    const size_t at = name.find(".recompute.");
+    return at == std::string::npos ? name : name.substr(0, at) + name.substr(at + 10);
+  }
+  /// The tensor a forward op reads for parameter `name`: the forward's copy,
+  /// or while recomputing in the backward the backward's (ZeRO-3 gathers
+  /// each once per micro-batch and pass).
+  std::string ParamRead(const std::string& name) {
+    return recomputing_ ? params_.Bwd(ParamName(name)) : params_.Fwd(name);
   }
 
   /// `prefix`.out = norm(x): LayerNorm (gamma, beta) for gpt, RMSNorm (gamma)
   /// for llama, over h on the residual stream (a sequence shard under sp).
   std::string Norm(const std::string& prefix, const std::string& x, int layer) {
-    params_.Declare(prefix + ".gamma", {d_.hidden}, {{}}, layer);
-    if (Gpt()) params_.Declare(prefix + ".beta", {d_.hidden}, {{}}, layer);
+    params_.Declare(ParamName(prefix + ".gamma"), {d_.hidden}, {{}}, layer);
+    if (Gpt()) params_.Declare(ParamName(prefix + ".beta"), {d_.hidden}, {{}}, layer);
     std::string y = ResidAct(prefix + ".out");
-    std::vector<std::string> inputs = {x, params_.Fwd(prefix + ".gamma")};
-    if (Gpt()) inputs.push_back(params_.Fwd(prefix + ".beta"));
+    std::vector<std::string> inputs = {x, ParamRead(prefix + ".gamma")};
+    if (Gpt()) inputs.push_back(ParamRead(prefix + ".beta"));
     const double elems = static_cast<double>(b_.Get(x).NumElements());
     if (Gpt()) {
       b_.AddCompute(prefix, ComputeType::kLayerNorm, std::move(inputs), {y},
@@ -1140,24 +1167,62 @@ class TransformerLowering {
     return sum;
   }
 
-  /// One pre-norm block; returns the new residual stream.
+  /// One pre-norm block; keeps what its backward reads (BlockActs) and
+  /// returns the new residual stream.
   std::string BlockForward(int layer, const std::string& x) {
+    BlockActs a;
+    std::string out = RunBlock(layer, x, &a);
+    if (plan_.recompute == Recompute::kFull) {
+      a = BlockActs{};
+      a.x = x;  // the checkpoint: the layer's input
+    } else if (plan_.sp) {
+      a.n1_full.clear();  // the shards n1, n2 are kept and gathered again
+      a.n2_full.clear();
+    }
+    Acts().blocks.push_back(a);
+    return out;
+  }
+
+  /// The ops of one block's forward, filling `a`. While recomputing it stops
+  /// once every tensor the backward reads exists (before the MLP's output
+  /// projection, its tp reduction and the residual add, whose outputs the
+  /// backward does not read; PyTorch's non-reentrant checkpoint stops there
+  /// too) and returns "".
+  std::string RunBlock(int layer, const std::string& x, BlockActs* a) {
     b_.SetLayer(layer);
     const std::string p = LayerPrefix(layer);
-    BlockActs a;
-    a.x = x;
-    a.n1_full = TpGather(p + "ln1", Norm(p + "ln1", x, layer));
-    std::string attn_out = Gpt() ? GptAttentionForward(layer, &a) : LlamaAttentionForward(layer, &a);
-    a.res1 = ResidAct(p + "attn.res.out");
-    Add(p + "attn.res", x, attn_out, a.res1);
-    a.n2_full = TpGather(p + "ln2", Norm(p + "ln2", a.res1, layer));
-    std::string mlp_out = Gpt()          ? GptMlpForward(layer, &a)
-                          : IsMoe(m_)    ? MoeForward(layer, &a)
-                                         : LlamaMlpForward(layer, &a);
+    a->x = x;
+    a->n1 = Norm(p + "ln1", x, layer);
+    a->n1_full = TpGather(p + "ln1", a->n1);
+    std::string attn_out = Gpt() ? GptAttentionForward(layer, a) : LlamaAttentionForward(layer, a);
+    a->res1 = ResidAct(p + "attn.res.out");
+    Add(p + "attn.res", x, attn_out, a->res1);
+    a->n2 = Norm(p + "ln2", a->res1, layer);
+    a->n2_full = TpGather(p + "ln2", a->n2);
+    std::string mlp_out = Gpt()          ? GptMlpForward(layer, a)
+                          : IsMoe(m_)    ? MoeForward(layer, a)
+                                         : LlamaMlpForward(layer, a);
+    if (recomputing_) return "";
     std::string res2 = ResidAct(p + "mlp.res.out");
-    Add(p + "mlp.res", a.res1, mlp_out, res2);
-    Acts().blocks.push_back(a);
+    Add(p + "mlp.res", a->res1, mlp_out, res2);
     return res2;
+  }
+
+  /// Full recomputation: re-runs block `layer`'s forward from its kept input
+  /// `x` at the start of its backward (ops "L<layer>.recompute.*", phase
+  /// backward) and returns the tensors the backward reads.
+  BlockActs Recompute(int layer, const std::string& x) {
+    recomputing_ = true;
+    BlockActs a;
+    RunBlock(layer, x, &a);
+    recomputing_ = false;
+    return a;
+  }
+
+  /// The full-sequence input of a tp region: `full` when the forward kept it,
+  /// else (sp) the kept shard all-gathered again (`base`.bwd.ag).
+  std::string FullInput(const std::string& base, const std::string& shard, const std::string& full) {
+    return full.empty() ? TpGather(base + ".bwd", shard) : full;
   }
 
   /// The attention core (heads/tp query heads, kv_heads/tp key/value heads).
@@ -1231,6 +1296,7 @@ class TransformerLowering {
     a->act = Act(p + "gelu.out", d_.ffn_tp, true);
     b_.AddCompute(p + "gelu", ComputeType::kGelu, {a->up}, {a->act},
                   kGeluFlopsPerElem * b_.Get(a->up).NumElements());
+    if (recomputing_) return "";
     return TpReduce(p + "fc2", RowLinear(p, "fc2", a->act, d_.ffn_tp, layer));
   }
 
@@ -1243,6 +1309,7 @@ class TransformerLowering {
     a->act = Act(p + "swiglu.out", d_.ffn_tp, true);
     b_.AddCompute(p + "swiglu", ComputeType::kSwiglu, {a->gate, a->up}, {a->act},
                   kSwigluFlopsPerElem * b_.Get(a->act).NumElements());
+    if (recomputing_) return "";
     return TpReduce(p + "down", RowLinear(p, "down", a->act, d_.ffn_tp, layer));
   }
 
@@ -1332,8 +1399,8 @@ class TransformerLowering {
                           int layer) {
     Sharding sharding = {plan_.ep > 1 ? Axes{"ep"} : Axes{}, {}, {}};
     sharding[tp_dim] = {"tp"};
-    return params_.Fwd(
-        params_.Declare(name, {d_.experts_local, rows, cols}, std::move(sharding), layer, true));
+    return ParamRead(
+        params_.Declare(ParamName(name), {d_.experts_local, rows, cols}, std::move(sharding), layer, true));
   }
   /// Elements of tensor `t`.
   double Elems(const std::string& t) const { return static_cast<double>(b_.Get(t).NumElements()); }
@@ -1380,7 +1447,10 @@ class TransformerLowering {
                   kSwigluFlopsPerElem * Elems(a->act));
     std::string down = ExpertRows(e + "down.out", h, false, TpPartial());
     ExpertMatmul(e + "down", a->act, w_down, down, false);
+    // (The combine's input, expert_out, is read by the backward: a
+    // recomputation runs through the all-to-all back and stops before the combine.)
     a->expert_out = FromExperts(p + "combine", TpAllReduce(e + "down.ar", down, ReduceOp::kSum));
+    if (recomputing_) return "";
     std::string out = Act(p + "combine.out", h, false);
     b_.AddCompute(p + "combine", ComputeType::kMoeCombine, {a->expert_out, a->ids, a->gates},
                   {out}, kCombineFlopsPerElem * ChoiceRowElems());
@@ -1472,7 +1542,8 @@ class TransformerLowering {
   std::string BlockBackward(int layer, const std::string& dy) {
     b_.SetLayer(layer);
     const std::string p = LayerPrefix(layer);
-    const BlockActs& a = Acts().blocks[layer - stage_.first_layer];
+    BlockActs a = Acts().blocks[layer - stage_.first_layer];
+    if (plan_.recompute == Recompute::kFull) a = Recompute(layer, a.x);
     std::string dn2 = Gpt()       ? GptMlpBackward(layer, a, dy)
                       : IsMoe(m_) ? MoeBackward(layer, a, dy)
                                   : LlamaMlpBackward(layer, a, dy);
@@ -1519,8 +1590,9 @@ class TransformerLowering {
     std::string dfc1 = Act(p + "gelu.grad.out", d_.ffn_tp, true);
     b_.AddCompute(p + "gelu.grad", ComputeType::kGeluGrad, {dgelu, a.up}, {dfc1},
                   kGeluGradFlopsPerElem * b_.Get(dfc1).NumElements());
+    std::string n2_full = FullInput(LayerPrefix(layer) + "ln2", a.n2, a.n2_full);
     std::string dn2 = TpReduce(p + "fc1.dX", ColumnLinearDx(p, "fc1", dfc1));
-    WeightGrad(p + "fc1", a.n2_full, dfc1);
+    WeightGrad(p + "fc1", n2_full, dfc1);
     return dn2;
   }
 
@@ -1534,11 +1606,12 @@ class TransformerLowering {
     std::string dup = Act(p + "swiglu.grad.dup", d_.ffn_tp, true);
     b_.AddCompute(p + "swiglu.grad", ComputeType::kSwigluGrad, {dact, a.gate, a.up},
                   {dgate, dup}, kSwigluGradFlopsPerElem * b_.Get(dact).NumElements());
+    std::string n2_full = FullInput(LayerPrefix(layer) + "ln2", a.n2, a.n2_full);
     std::string dx_gate = ColumnLinearDx(p, "gate", dgate);
     std::string dx_up = ColumnLinearDx(p, "up", dup);
     std::string dn2 = TpReduce(p + "gate_up.dX", AddPartial(p + "gate_up.dX", dx_gate, dx_up));
-    WeightGrad(p + "gate", a.n2_full, dgate);
-    WeightGrad(p + "up", a.n2_full, dup);
+    WeightGrad(p + "gate", n2_full, dgate);
+    WeightGrad(p + "up", n2_full, dup);
     return dn2;
   }
 
@@ -1591,13 +1664,27 @@ class TransformerLowering {
     return dn2;
   }
 
-  /// attention_grad -> dq, dk, dv (2x the forward flops).
-  void AttentionCoreBackward(const std::string& p, const BlockActs& a, const std::string& dattn,
+  /// attention_grad (do, q, k, v, o) -> dq, dk, dv (2x the forward flops),
+  /// flash-style: it reads the forward output o for its row sums. Under
+  /// selective recomputation o is first recomputed from q, k, v
+  /// ("L<layer>.recompute.attn.core"), as Megatron re-runs a checkpointed
+  /// core attention when the backward reaches it; the kept output still
+  /// feeds the output projection's weight grad.
+  void AttentionCoreBackward(int layer, const BlockActs& a, const std::string& dattn,
                              std::string* dq, std::string* dk, std::string* dv) {
+    const std::string p = LayerPrefix(layer) + "attn.";
+    std::string o = a.attn;
+    if (plan_.recompute == Recompute::kSelective) {
+      recomputing_ = true;
+      BlockActs r = a;
+      AttentionCore(LayerPrefix(layer) + "attn.", &r);
+      recomputing_ = false;
+      o = r.attn;
+    }
     *dq = Act(p + "core.grad.dq", d_.q_width, true);
     *dk = Act(p + "core.grad.dk", d_.kv_width, true);
     *dv = Act(p + "core.grad.dv", d_.kv_width, true);
-    b_.AddCompute(p + "core.grad", ComputeType::kAttentionGrad, {dattn, a.q, a.k, a.v},
+    b_.AddCompute(p + "core.grad", ComputeType::kAttentionGrad, {dattn, a.q, a.k, a.v, o},
                   {*dq, *dk, *dv}, 2.0 * AttentionFlops(), AttentionAttrs());
   }
 
@@ -1608,12 +1695,13 @@ class TransformerLowering {
     std::string dy_full = TpGather(p + "dy", dy);
     std::string dattn = RowLinearBackward(p, "proj", a.attn, dy_full, d_.q_width);
     std::string dq, dk, dv;
-    AttentionCoreBackward(p, a, dattn, &dq, &dk, &dv);
+    AttentionCoreBackward(layer, a, dattn, &dq, &dk, &dv);
     std::string dqkv = Act(p + "qkv.grad.out", d_.q_width + 2 * d_.kv_width, true);
     b_.AddCompute(p + "qkv.grad.concat", ComputeType::kConcat, {dq, dk, dv}, {dqkv}, 0,
                   {{"axis", 2}});
+    std::string n1_full = FullInput(LayerPrefix(layer) + "ln1", a.n1, a.n1_full);
     std::string dn1 = TpReduce(p + "qkv.dX", ColumnLinearDx(p, "qkv", dqkv));
-    WeightGrad(p + "qkv", a.n1_full, dqkv);
+    WeightGrad(p + "qkv", n1_full, dqkv);
     return dn1;
   }
 
@@ -1624,15 +1712,16 @@ class TransformerLowering {
     std::string dy_full = TpGather(p + "dy", dy);
     std::string dattn = RowLinearBackward(p, "o", a.attn, dy_full, d_.q_width);
     std::string dq, dk, dv;
-    AttentionCoreBackward(p, a, dattn, &dq, &dk, &dv);
+    AttentionCoreBackward(layer, a, dattn, &dq, &dk, &dv);
+    std::string n1_full = FullInput(LayerPrefix(layer) + "ln1", a.n1, a.n1_full);
     std::string dx_q = ColumnLinearDx(p, "q", dq);
     std::string dx_k = ColumnLinearDx(p, "k", dk);
     std::string dx_v = ColumnLinearDx(p, "v", dv);
     std::string dx_qk = AddPartial(p + "qk.dX", dx_q, dx_k);
     std::string dn1 = TpReduce(p + "qkv.dX", AddPartial(p + "qkv.dX", dx_qk, dx_v));
-    WeightGrad(p + "q", a.n1_full, dq);
-    WeightGrad(p + "k", a.n1_full, dk);
-    WeightGrad(p + "v", a.n1_full, dv);
+    WeightGrad(p + "q", n1_full, dq);
+    WeightGrad(p + "k", n1_full, dk);
+    WeightGrad(p + "v", n1_full, dv);
     return dn1;
   }
 
@@ -1671,6 +1760,7 @@ class TransformerLowering {
   // Interleaved 1F1B: (forward, micro-batch, chunk) -> a pass's received
   // input and its output waiting for its send.
   std::map<std::tuple<bool, int, int>, std::string> incoming_, outgoing_;
+  bool recomputing_ = false;  // emitting a forward again in the backward (LayerPrefix)
 };
 
 /// "not implemented yet" for the plan features this frontend parses and
@@ -1684,7 +1774,7 @@ Status CheckImplemented(const ParallelPlan& plan) {
   return Status::Ok();
 }
 
-/// "<model>.dp4.tp8[.pp4][.ep2][.sp][.zeroN][.mb8][.vs2][.order-dp-tp-pp]".
+/// "<model>.dp4.tp8[.pp4][.ep2][.sp][.zeroN][.mb8][.vs2][.order-dp-tp-pp][.rc-full]".
 std::string ProgramName(const ModelConfig& model, const ParallelPlan& plan) {
   std::string name = model.name.empty() ? std::string(ToString(model.family)) : model.name;
   name += ".dp" + std::to_string(plan.dp) + ".tp" + std::to_string(plan.tp);
@@ -1698,6 +1788,7 @@ std::string ProgramName(const ModelConfig& model, const ParallelPlan& plan) {
     name += ".order";
     for (const std::string& axis : plan.order) name += "-" + axis;
   }
+  if (plan.recompute != Recompute::kNone) name += ".rc-" + std::string(ToString(plan.recompute));
   return name;
 }
 

@@ -231,9 +231,10 @@ Result<int64_t> GatherRow0(const Graph& graph, const GraphIndex& index, int ti, 
 }  // namespace
 
 std::string InitKey(const std::string& tensor_name) {
-  const std::string shard = ".shard";
-  return EndsWith(tensor_name, shard) ? tensor_name.substr(0, tensor_name.size() - shard.size())
-                                      : tensor_name;
+  std::string key = tensor_name;
+  for (const std::string suffix : {".master", ".shard"})  // a master copy starts equal to its parameter
+    if (EndsWith(key, suffix)) key.resize(key.size() - suffix.size());
+  return key;
 }
 
 Result<std::vector<int64_t>> LogicalGlobalIndices(const Tensor& tensor, const Mesh& mesh, int rank,

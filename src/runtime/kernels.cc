@@ -359,6 +359,7 @@ void AttentionGradHead(const AttnDims& a, const std::vector<KernelArg>& in, int6
   const int64_t g = a.Group(h);
   AttentionProbs(a, q, k, bi, h, p);
   ds->assign(a.s * a.s, 0.0f);
+  const float* o = in.size() == 5 ? in[4].data : nullptr;  // the forward output, if given
   for (int64_t i = 0; i < a.s; ++i) {
     const float* doi = dout + a.Q(bi, i, h);
     double rowdot = 0;
@@ -369,7 +370,11 @@ void AttentionGradHead(const AttnDims& a, const std::vector<KernelArg>& in, int6
       double dot = 0;
       for (int64_t t = 0; t < a.d; ++t) dot += static_cast<double>(doi[t]) * vj[t];
       (*ds)[i * a.s + j] = static_cast<float>(dot);
-      rowdot += dot * pij;
+      if (!o) rowdot += dot * pij;
+    }
+    if (o) {  // flash-style: rowsum(P dP) = rowsum(do o), from the forward output
+      const float* oi = o + a.Q(bi, i, h);
+      for (int64_t t = 0; t < a.d; ++t) rowdot += static_cast<double>(doi[t]) * oi[t];
     }
     for (int64_t j = 0; j < a.s; ++j) {  // dS = P (dP - rowsum(P dP))
       const float pij = (*p)[i * a.s + j];
@@ -396,7 +401,9 @@ void AttentionGradHead(const AttnDims& a, const std::vector<KernelArg>& in, int6
   }
 }
 
-/// (do, q, k, v) -> (dq, dk, dv), recomputing the probabilities.
+/// (do, q, k, v[, o]) -> (dq, dk, dv), recomputing the probabilities; with
+/// the forward output o the row sums come from it as in FlashAttention's
+/// backward.
 void AttentionGrad(const Op& op, const std::vector<KernelArg>& in,
                    const std::vector<KernelArg>& out) {
   const AttnDims a = MakeAttnDims(op, *in[1].meta);
@@ -515,13 +522,16 @@ void Adam(const Op& op, const std::vector<KernelArg>& in, const std::vector<Kern
   const double wd = op.Attr("weight_decay", 0);
   const double c1 = 1 - std::pow(b1, step), c2 = 1 - std::pow(b2, step);
   const int64_t n = Numel(in[0]);
+  const bool master = in.size() == 5;  // mixed precision: update the f32 master copy
   for (int64_t i = 0; i < n; ++i) {
-    const double p = in[0].data[i], g = in[1].data[i];
+    const double p = master ? in[4].data[i] : in[0].data[i], g = in[1].data[i];
     const double m = b1 * in[2].data[i] + (1 - b1) * g;
     const double v = b2 * in[3].data[i] + (1 - b2) * g * g;
-    out[0].data[i] = static_cast<float>(p - lr * (m / c1) / (std::sqrt(v / c2) + eps) - lr * wd * p);
+    const double next = p - lr * (m / c1) / (std::sqrt(v / c2) + eps) - lr * wd * p;
+    out[0].data[i] = static_cast<float>(next);
     out[1].data[i] = static_cast<float>(m);
     out[2].data[i] = static_cast<float>(v);
+    if (master) out[3].data[i] = static_cast<float>(next);
   }
 }
 
@@ -891,10 +901,14 @@ Status CheckKernel(const Op& op, const std::vector<const Tensor*>& inputs,
   assert(op.kind == OpKind::kCompute);
   const auto [nin, nout] = Arity(op.compute_type);
   if (nin == -2) return Status::Error(OpLabel(op) + ": the runtime has no kernel for this compute type");
+  // Optional trailing operands: Adam's f32 master copy (in and out), the
+  // attention grad's forward output (flash-style row sums).
+  const bool adam_master = op.compute_type == ComputeType::kAdam && inputs.size() == 5 && outputs.size() == 4;
+  const bool attn_out = op.compute_type == ComputeType::kAttentionGrad && inputs.size() == 5;
   const bool in_ok = nin == -1 ? !inputs.empty() || op.compute_type == ComputeType::kIdentity
-                               : static_cast<int>(inputs.size()) == nin;
+                               : static_cast<int>(inputs.size()) == nin || adam_master || attn_out;
   const bool out_ok = nout == -1 ? outputs.size() == inputs.size()
-                                 : static_cast<int>(outputs.size()) == nout;
+                                 : static_cast<int>(outputs.size()) == nout || adam_master;
   if (!in_ok || !out_ok)
     return OpError(op, "unexpected number of inputs or outputs (" + std::to_string(inputs.size()) +
                            " -> " + std::to_string(outputs.size()) + ")");

@@ -414,7 +414,11 @@ TEST_P(ReferenceTest, MatchesUnshardedRun) {
 const std::vector<std::string>& Plans() {
   static const std::vector<std::string> plans = {"dp=2",        "tp=2",        "dp=2,tp=2",
                                                  "tp=2,sp",     "dp=2,zero=1", "dp=2,zero=2",
-                                                 "dp=2,zero=3", "pp=2,microbatches=2"};
+                                                 "dp=2,zero=3", "pp=2,microbatches=2",
+                                                 // activation recomputation (docs/frontends.md)
+                                                 "dp=2,tp=2,recompute=selective", "tp=2,sp,recompute=full",
+                                                 "dp=2,zero=3,recompute=full",
+                                                 "pp=2,microbatches=2,recompute=full"};
   return plans;
 }
 
@@ -435,7 +439,11 @@ std::vector<Case> Cases() {
       {"dp=2,zero=1", {"zero"}},
       {"dp=2,zero=2", {"zero", "deepspeed-overlap"}},
       {"dp=2,zero=3", {"zero", "concerto"}},
-      {"pp=2,microbatches=2", {"sequential", "xla-lhs", "concerto"}}};
+      {"pp=2,microbatches=2", {"sequential", "xla-lhs", "concerto"}},
+      {"dp=2,tp=2,recompute=selective", {"megatron"}},
+      {"tp=2,sp,recompute=full", {"megatron-tp-overlap", "concerto"}},
+      {"dp=2,zero=3,recompute=full", {"zero"}},
+      {"pp=2,microbatches=2,recompute=full", {"xla-lhs"}}};
   const std::vector<std::string> all = {"sequential", "ddp",       "megatron", "megatron-tp-overlap",
                                         "zero",       "deepspeed-overlap", "xla-lhs",  "concerto"};
   std::vector<Case> cases;
@@ -455,7 +463,8 @@ std::vector<Case> Cases() {
       {"dp=4,ep=2", {"ddp"}},
       {"dp=2,ep=2,tp=2", {"megatron"}},
       {"pp=2,dp=2,ep=2,microbatches=2", {"xla-lhs"}},
-      {"dp=2,zero=3", {"zero"}}};
+      {"dp=2,zero=3", {"zero"}},
+      {"dp=2,ep=2,recompute=full", {"ddp"}}};
   for (const auto& [plan, scheds] : moe) {
     cases.push_back({"mixtral-tiny", plan, "fifo"});
     for (const std::string& sched : full ? all : scheds) cases.push_back({"mixtral-tiny", plan, sched});

@@ -185,7 +185,7 @@ TEST(PlanFile, ReadsTheKeysOfThePlanString) {
 
 TEST(PlanFile, ErrorsNameTheFileAndKey) {
   EXPECT_EQ(ParsePlanFile("dp: 2\ntq: 4\n", "p.yaml").status().message(),
-            "p.yaml: key 'tq': unknown key (known: dp, tp, pp, ep, sp, zero, microbatches, dap, vstages, order)");
+            "p.yaml: key 'tq': unknown key (known: dp, tp, pp, ep, sp, zero, microbatches, dap, vstages, order, recompute)");
   EXPECT_EQ(ParsePlanFile("dp: two\n", "p.yaml").status().message(),
             "p.yaml: key 'dp': expected a non-negative integer, got 'two'");
   EXPECT_EQ(ParsePlanFile("sp: maybe\n", "p.yaml").status().message(),

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "concerto/ir/ir.h"
@@ -13,6 +14,19 @@
 namespace concerto {
 
 struct ModelConfig;  // concerto/lower/transformer.h
+
+/// Activation recomputation (Korthikanti et al. 2022, "Reducing Activation
+/// Recomputation in Large Transformer Models"): what the backward recomputes
+/// instead of keeping from the forward. docs/frontends.md "recompute".
+enum class Recompute {
+  kNone,       // every activation the backward reads is kept
+  kSelective,  // the attention core is recomputed in the backward (Megatron's
+               // "selective" granularity, core attention checkpointed)
+  kFull,       // only each layer's input is kept; the backward re-runs the
+               // layer's forward (Megatron's "full" granularity, uniform, 1 layer)
+};
+/// "none", "selective", "full".
+std::string_view ToString(Recompute recompute);
 
 /// A parallel plan. Degrees are group sizes (1: not used). The mesh is
 /// {pp, dp, tp} by default (tp last, so a tp group sits inside a node; pp only
@@ -31,6 +45,7 @@ struct ParallelPlan {
   int dap = 1;           // FastFold dynamic axial parallelism degree (Evoformer only)
   int vstages = 1;       // model chunks (virtual pipeline stages) per pp rank: > 1 is
                          // Megatron's interleaved 1F1B
+  Recompute recompute = Recompute::kNone;  // activation recomputation
   /// Mesh axes innermost (fastest, inside a node) first, as Megatron's rank
   /// order "tp-dp-pp": a permutation of tp, dp and (optional when pp = 1) pp.
   /// Empty: the default tp, dp, pp. Written "order=dp-tp-pp" in plan text.
@@ -45,7 +60,8 @@ struct DpTpPlan {
 
 /// Parses a comma-separated plan: integer keys dp, tp, pp, ep, microbatches,
 /// vstages (>= 1), dap (>= 1) and zero (0..3); flag sp (bare, or =1 / =0);
-/// order (axes joined by '-', innermost first, e.g. order=dp-tp-pp). Spaces
+/// order (axes joined by '-', innermost first, e.g. order=dp-tp-pp);
+/// recompute (none, selective or full). Spaces
 /// around items are ignored; omitted keys keep their defaults. Errors name the
 /// item: unknown key, key given twice, a value that is not an integer in
 /// range, a flag or key without its value, sp without tp > 1, a bad order
@@ -54,7 +70,7 @@ Result<ParallelPlan> ParsePlan(const std::string& text);
 
 /// The canonical text of `plan`: "dp=N,tp=M" followed by every other key that
 /// differs from its default, in the order pp, ep, sp, zero, microbatches, dap,
-/// vstages, order. ParsePlan(PlanToString(p)) gives p back.
+/// vstages, order, recompute. ParsePlan(PlanToString(p)) gives p back.
 std::string PlanToString(const ParallelPlan& plan);
 
 /// Ok when `plan.order` (if not empty) names each of tp and dp once, pp at
@@ -92,7 +108,7 @@ ParallelPlan ToParallelPlan(const DpTpPlan& plan);
 /// Parses a plan file (YAML, or JSON, which YAML reads too): a map with the
 /// keys of the plan string (dp, tp, pp, ep, microbatches, dap, vstages:
 /// integers; zero: 0..3; sp: true/false or 1/0; order: "dp-tp-pp" or a list
-/// [dp, tp, pp], innermost first). `source` names the file in errors,
+/// [dp, tp, pp], innermost first; recompute: none, selective or full). `source` names the file in errors,
 /// which also name the key: unknown key, a value of the wrong type, a YAML
 /// syntax error (with its line), and ParsePlan's checks (sp without tp > 1).
 Result<ParallelPlan> ParsePlanFile(const std::string& text, const std::string& source);

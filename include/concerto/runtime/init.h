@@ -36,7 +36,8 @@ struct InitOptions {
 };
 
 /// The global identity a tensor is initialised from: its name without a
-/// trailing ".shard" (a ZeRO shard is a slice of the same global tensor).
+/// trailing ".master" and then ".shard" (a ZeRO shard is a slice of the same
+/// global tensor; an Adam master copy starts equal to its parameter).
 std::string InitKey(const std::string& tensor_name);
 
 /// For every local element of `tensor` on `rank` (row-major), its row-major
