@@ -190,6 +190,9 @@ TEST(Placement, EvoformerRefusesTheKeys) {
   ASSERT_FALSE(p.ok());
   EXPECT_HAS(p.status().message(), "key 'order' is not supported by the Evoformer frontend");
   EXPECT_TRUE(LowerModelPlan("evoformer-tiny", "dp=2,dap=2").ok());
+  Result<Program> rc = LowerModelPlan("evoformer-tiny", "dp=2,recompute=full");
+  ASSERT_FALSE(rc.ok());
+  EXPECT_HAS(rc.status().message(), "the Evoformer frontend takes dp and dap only");
 }
 
 }  // namespace

@@ -77,7 +77,8 @@ TEST(PlanParse, DefaultsSpacesFlagsAndEmptyItems) {
 
 TEST(PlanParse, CanonicalTextRoundTrips) {
   for (const char* text : {"dp=4,tp=8", "dp=1,tp=8,pp=4,sp,microbatches=8", "dp=32,tp=1,zero=3",
-                           "dp=2,tp=2,ep=2,zero=1,dap=2"}) {
+                           "dp=2,tp=2,ep=2,zero=1,dap=2", "dp=2,tp=2,sp,recompute=full",
+                           "dp=8,tp=1,recompute=selective"}) {
     EXPECT_EQ(PlanToString(Parse(text)), text);
     EXPECT_EQ(PlanToString(Parse(PlanToString(Parse(text)))), text);
   }
@@ -103,6 +104,20 @@ TEST(PlanParse, ErrorsNameTheItem) {
   EXPECT_HAS(ParseError("zero=-1,dp=2"), "zero must be 0, 1, 2 or 3");
   EXPECT_HAS(ParseError("dp"), "'dp' needs a value (dp=N)");
   EXPECT_HAS(ParseError("tp=2,sp=yes"), "'sp' is a flag");
+  EXPECT_HAS(ParseError("dp=2,recompute=partial"), "recompute must be none, selective or full, got 'partial'");
+  EXPECT_HAS(ParseError("recompute"), "recompute must be none, selective or full, got ''");
+}
+
+TEST(PlanParse, Recompute) {
+  EXPECT_EQ(Parse("dp=2").recompute, Recompute::kNone);
+  EXPECT_EQ(Parse("dp=2,recompute=selective").recompute, Recompute::kSelective);
+  EXPECT_EQ(Parse("recompute=full").recompute, Recompute::kFull);
+  EXPECT_EQ(PlanToString(Parse("recompute=none")), "dp=1,tp=1");  // the default is not written
+  Result<ParallelPlan> file = ParsePlanFile("dp: 2\nrecompute: full\n", "p.yaml");
+  ASSERT_TRUE(file.ok()) << file.status().message();
+  EXPECT_EQ(file->recompute, Recompute::kFull);
+  EXPECT_HAS(ParsePlanFile("recompute: some\n", "p.yaml").status().message(),
+             "recompute must be none, selective or full, got 'some'");
 }
 
 TEST(PlanParse, SequenceParallelNeedsTensorParallel) {

@@ -747,5 +747,79 @@ TEST(Presets, TimeLoweringLlama70bTp8Sp) {
               Main(*p).ops.size(), CountComm(Main(*p)), ms);
 }
 
+// ---- activation recomputation ---------------------------------------------------
+
+namespace recompute_test {
+
+/// Names of the forward-phase tensors (outputs of forward ops) that a
+/// backward-phase op reads, for layer `layer`'s backward ops.
+std::set<std::string> KeptFromForward(const Graph& g, int layer) {
+  std::set<std::string> forward_out;
+  for (const Op& op : g.ops)
+    if (op.tags.phase == Phase::kForward)
+      for (const std::string& t : op.outputs) forward_out.insert(t);
+  std::set<std::string> kept;
+  for (const Op& op : g.ops)
+    if (op.tags.phase == Phase::kBackward && op.tags.layer == layer)
+      for (const std::string& t : op.inputs)
+        if (forward_out.count(t)) kept.insert(t);
+  return kept;
+}
+
+}  // namespace recompute_test
+
+// Full recomputation keeps only each layer's input: layer 1's backward reads
+// one forward tensor, L0.mlp.res.out (its input, layer 0's output), and re-runs
+// its forward as "L1.recompute.*" ops in the backward phase, through the
+// activation (gelu) and no further (the second MLP matmul, its tp reduction
+// and the residual add make nothing the backward reads). The recomputed
+// forward repeats its tp all-reduce (attention output); parameter reads go
+// through the backward's copy.
+TEST(Recompute, FullKeepsTheLayerInputAndRerunsTheForwardInTheBackward) {
+  const ModelConfig m = Preset("gpt-tiny");
+  const Graph none = Main(Lower(m, "tp=2"));
+  const Graph full = Main(Lower(m, "tp=2,recompute=full"));
+  EXPECT_EQ(recompute_test::KeptFromForward(full, 1), (std::set<std::string>{"L0.mlp.res.out"}));
+  EXPECT_GT(recompute_test::KeptFromForward(none, 1).size(), 8u);
+  std::map<std::string, const Op*> by_name;
+  for (const Op& op : full.ops) by_name[op.name] = &op;
+  for (const char* name : {"L1.recompute.ln1", "L1.recompute.attn.qkv", "L1.recompute.attn.core",
+                           "L1.recompute.attn.proj", "L1.recompute.attn.proj.ar", "L1.recompute.ln2",
+                           "L1.recompute.mlp.fc1", "L1.recompute.mlp.gelu"}) {
+    ASSERT_TRUE(by_name.count(name)) << name;
+    EXPECT_EQ(by_name.at(name)->tags.phase, Phase::kBackward) << name;
+    EXPECT_EQ(by_name.at(name)->tags.layer, 1) << name;
+  }
+  for (const char* absent : {"L1.recompute.mlp.fc2", "L1.recompute.mlp.fc2.ar", "L1.recompute.mlp.res"})
+    EXPECT_FALSE(by_name.count(absent)) << absent;
+  EXPECT_EQ(by_name.at("L1.recompute.attn.qkv")->inputs[1], "L1.attn.qkv.w");  // the forward's parameter
+  // Recomputed before the layer's backward: the recompute ops precede L1.mlp.fc2.dX.
+  EXPECT_LT(by_name.at("L1.recompute.mlp.gelu")->id, by_name.at("L1.mlp.fc2.dX")->id);
+  EXPECT_EQ(by_name.at("L1.mlp.gelu.grad")->inputs[1], "L1.recompute.mlp.fc1.out");
+  // One more forward's worth of compute per layer, minus the MLP's second matmul.
+  EXPECT_GT(full.ops.size(), none.ops.size());
+}
+
+// Selective recomputation: the attention core is re-run right before its
+// grad, which reads the recomputed output; everything else is as without.
+TEST(Recompute, SelectiveRerunsTheAttentionCoreBeforeItsGrad) {
+  const ModelConfig m = Preset("llama-tiny");
+  const Graph none = Main(Lower(m, "tp=2"));
+  const Graph sel = Main(Lower(m, "tp=2,recompute=selective"));
+  EXPECT_EQ(sel.ops.size(), none.ops.size() + m.layers);
+  std::map<std::string, const Op*> by_name;
+  for (const Op& op : sel.ops) by_name[op.name] = &op;
+  const Op* rc = by_name.at("L0.recompute.attn.core");
+  EXPECT_EQ(rc->compute_type, ComputeType::kAttention);
+  EXPECT_EQ(rc->inputs, (std::vector<std::string>{"L0.attn.q.out", "L0.attn.k.out", "L0.attn.v.out"}));
+  const Op* grad = by_name.at("L0.attn.core.grad");
+  ASSERT_EQ(grad->inputs.size(), 5u);
+  EXPECT_EQ(grad->inputs[4], rc->outputs[0]);
+  EXPECT_EQ(rc->id + 1, grad->id);
+  // Without recomputation the grad reads the forward's output.
+  for (const Op& op : none.ops)
+    if (op.name == "L0.attn.core.grad") EXPECT_EQ(op.inputs[4], "L0.attn.core.out");
+}
+
 }  // namespace
 }  // namespace concerto
