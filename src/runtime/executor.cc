@@ -76,6 +76,7 @@ class RankExecutor {
     if (failed_) return Status::Error(error_);
     std::fill(done_.begin(), done_.end(), 0);
     records_.assign(graph_->ops.size(), OpRecord());
+    LedgerReset();
     Status synced = StartTogether();
     if (!synced.ok()) return synced;
     std::vector<std::thread> threads;
@@ -149,8 +150,10 @@ class RankExecutor {
       const Op& op = graph_->ops[op_index];
       if (options_.before_op) options_.before_op(rank_, op_index, op);
       const double start = Micros();
+      LedgerAllocate(op);
       Status st = Execute(op);
       const double end = Micros();
+      LedgerRelease(op);
       if (options_.after_op) options_.after_op(rank_, op_index, op, st.ok());
       if (!st.ok()) {
         Fail(Status::Error("rank " + std::to_string(rank_) + ": " + OpLabel(op) + ": " + st.message()));
@@ -163,6 +166,61 @@ class RankExecutor {
     }
   }
 
+  // ---- the allocation ledger ----------------------------------------------
+  // The bytes this rank's device would hold in this run's real op order: a
+  // tensor is allocated (its elements x its IR dtype's size) when its
+  // producer starts and released when the last of its consumers ends; graph
+  // inputs are held from the start, tensors nothing reads to the end. The
+  // simulator's rule (sim/memory.h), applied to the events as they happen on
+  // the stream threads. (The CPU buffers themselves stay allocated in fp32
+  // for the reference check.)
+
+  /// Every graph input held; every consumer count full.
+  void LedgerReset() {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    pending_.assign(graph_->tensors.size(), 0);
+    allocated_.assign(graph_->tensors.size(), 0);
+    live_bytes_ = 0;
+    for (size_t t = 0; t < graph_->tensors.size(); ++t) {
+      pending_[t] = static_cast<int>(index_.consumers[t].size());
+      if (index_.producer[t] < 0) {
+        allocated_[t] = 1;
+        live_bytes_ += graph_->tensors[t].Bytes();
+      }
+    }
+    peak_bytes_ = live_bytes_;
+  }
+  /// `op` starts: its outputs are allocated.
+  void LedgerAllocate(const Op& op) {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    for (const std::string& name : op.outputs) {
+      const int t = index_.tensor.at(name);
+      if (allocated_[t]) continue;
+      allocated_[t] = 1;
+      live_bytes_ += graph_->tensors[t].Bytes();
+    }
+    peak_bytes_ = std::max(peak_bytes_, live_bytes_);
+  }
+  /// `op` ended: an input it was the last consumer of is released.
+  void LedgerRelease(const Op& op) {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    std::vector<int> seen;
+    for (const std::string& name : op.inputs) {
+      const int t = index_.tensor.at(name);
+      if (std::find(seen.begin(), seen.end(), t) != seen.end()) continue;
+      seen.push_back(t);
+      if (--pending_[t] == 0 && allocated_[t]) live_bytes_ -= graph_->tensors[t].Bytes();
+    }
+  }
+
+ public:
+  /// The largest number of bytes the ledger held during the last step.
+  int64_t PeakMemoryBytes() const {
+    std::lock_guard<std::mutex> lock(ledger_mu_);
+    return peak_bytes_;
+  }
+
+ private:
   /// Microseconds since the epoch.
   double Micros() const {
     return std::chrono::duration<double, std::micro>(Clock::now() - epoch_).count();
@@ -386,6 +444,10 @@ class RankExecutor {
   GraphIndex index_;
   std::vector<std::vector<int>> stream_ops_;  // per graph stream: op indices in order
   std::vector<std::vector<float>> buffers_;   // per tensor index
+  mutable std::mutex ledger_mu_;              // the allocation ledger (LedgerReset)
+  std::vector<int> pending_;                  // per tensor: consumers not yet ended
+  std::vector<char> allocated_;               // per tensor: held now or earlier this step
+  int64_t live_bytes_ = 0, peak_bytes_ = 0;
   std::vector<OpRecord> records_;             // per op index
   std::vector<char> done_;
   std::mutex mu_;
@@ -462,6 +524,8 @@ Result<std::vector<OpRecord>> RankSession::Step() {
 
 RankTensors RankSession::Tensors() const { return impl_->exec.Tensors(false); }
 
+int64_t RankSession::PeakMemoryBytes() const { return impl_->exec.PeakMemoryBytes(); }
+
 RankTensors RankSession::TakeTensors() {
   impl_->taken = true;
   return impl_->exec.Tensors(true);
@@ -474,6 +538,7 @@ Result<RankRun> RunRank(const ScheduledProgram& sp, Communicator& comm, const Ru
   if (!records.ok()) return records.status();
   RankRun run;
   run.records = std::move(records).value();
+  run.peak_memory_bytes = (*session)->PeakMemoryBytes();
   run.tensors = (*session)->TakeTensors();
   return run;
 }
@@ -514,6 +579,7 @@ Result<RunResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions
   std::vector<Status> status(n, Status::Ok());
   std::vector<std::vector<std::vector<OpRecord>>> records(n);
   std::vector<RankTensors> tensors(n);
+  std::vector<int64_t> peaks(n, 0);
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
@@ -529,6 +595,7 @@ Result<RunResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions
           return;
         }
         records[r].push_back(std::move(step).value());
+        peaks[r] = std::max(peaks[r], (*session)->PeakMemoryBytes());
         if (i == 0) tensors[r] = steps == 1 ? (*session)->TakeTensors() : (*session)->Tensors();
       }
     });
@@ -539,6 +606,7 @@ Result<RunResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions
     if (!status[r].ok()) return status[r];
   RunResult out;
   out.ranks = std::move(tensors);
+  out.peak_memory_bytes = std::move(peaks);
   std::vector<std::vector<OpRecord>> last(n);
   for (int r = 0; r < n; ++r) last[r] = records[r].back();
   out.timeline = MakeMeasuredTimeline(sp.program, last);

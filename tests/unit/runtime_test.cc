@@ -37,6 +37,8 @@
 #include "concerto/runtime/reference.h"
 #include "concerto/schedule/concerto_scheduler.h"
 #include "concerto/schedule/scheduler.h"
+#include "concerto/sim/memory.h"
+#include "concerto/sim/simulator.h"
 
 namespace concerto {
 namespace {
@@ -473,6 +475,35 @@ std::vector<Case> Cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Runtime, ReferenceTest, ::testing::ValuesIn(Cases()), CaseName);
+
+// The runtime's allocation ledger (RankSession::PeakMemoryBytes) against the
+// simulator's peak on the same schedule: the two apply one rule (a tensor
+// lives from its producer's start to its last consumer's end) to different
+// event orders, the measured one on this machine's stream threads and the
+// cost model's. Within 10% on the tiny models, each recomputation mode.
+TEST(RuntimeMemory, MeasuredPeakAgreesWithTheSimulatorWithin10Percent) {
+  for (const std::string model : {"gpt-tiny", "llama-tiny"})
+    for (const std::string plan : {"dp=2", "tp=2,sp", "pp=2,microbatches=2", "dp=2,tp=2,recompute=full",
+                                   "tp=2,recompute=selective"}) {
+      const Lowered l = Lower({model, plan, "fifo"});
+      const ScheduledProgram sp = Schedule(l.program, "fifo");
+      RunOptions options;
+      options.init.layouts = Layouts(l.model);
+      Result<RunResult> run = RunInProcess(sp, options);
+      ASSERT_TRUE(run.ok()) << run.status().message();
+      ASSERT_EQ(run->peak_memory_bytes.size(), static_cast<size_t>(l.program.mesh.NumRanks()));
+      const int64_t measured = *std::max_element(run->peak_memory_bytes.begin(), run->peak_memory_bytes.end());
+      SimOptions all;
+      all.all_ranks = true;
+      Result<Timeline> timeline = Simulate(sp, Cost(), all);
+      ASSERT_TRUE(timeline.ok()) << timeline.status().message();
+      const int64_t simulated = PeakMemory(sp.program, *timeline).peak_bytes;
+      std::printf("  %s %s: runtime %.3f MiB, simulator %.3f MiB\n", model.c_str(), plan.c_str(),
+                  measured / 1048576.0, simulated / 1048576.0);
+      EXPECT_GT(measured, 0);
+      EXPECT_NEAR(static_cast<double>(measured) / simulated, 1.0, 0.10) << model << " " << plan;
+    }
+}
 
 
 // ---- the reference check has teeth -------------------------------------------

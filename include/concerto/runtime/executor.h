@@ -54,6 +54,8 @@ struct RankTensors {
 struct RankRun {
   std::vector<OpRecord> records;  // one per op, times in us since the epoch
   RankTensors tensors;
+  /// The most bytes the rank's allocation ledger held (RankSession::PeakMemoryBytes).
+  int64_t peak_memory_bytes = 0;
 };
 
 /// A whole run: the measured timeline of every rank and every rank's tensors.
@@ -65,6 +67,9 @@ struct RankRun {
 struct ExecutionResult {
   Timeline timeline;
   std::vector<RankTensors> ranks;  // indexed by rank
+  /// Per rank, the most bytes its allocation ledger held in any step
+  /// (RankSession::PeakMemoryBytes).
+  std::vector<int64_t> peak_memory_bytes;
 
   /// The tensors of `rank` (asserts it was run).
   const RankTensors& Rank(int rank) const;
@@ -108,6 +113,13 @@ class RankSession {
   Result<std::vector<OpRecord>> Step();
   /// A copy of the rank's tensors as they are now.
   RankTensors Tensors() const;
+  /// The most bytes the rank's device would have held in the last step, in
+  /// its real op order: each tensor (elements x the IR dtype's size) from
+  /// its producer's start to the end of its last consumer, graph inputs from
+  /// the start, tensors nothing reads to the end (the simulator's rule,
+  /// sim/memory.h, on the events as they happened on the stream threads).
+  /// The CPU buffers stay allocated, in fp32, for the reference check.
+  int64_t PeakMemoryBytes() const;
   /// The tensors moved out; the session must not Step afterwards.
   RankTensors TakeTensors();
 
