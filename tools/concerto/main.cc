@@ -777,7 +777,7 @@ int RealMain(int argc, char** argv) {
   std::string lower_sharding;
   auto* lower_plan_opt =
       lower->add_option("--plan", lower_plan,
-                        "parallel plan: dp=N,tp=N,sp,zero=0..3 (e.g. dp=4,tp=8,sp or zero=3,dp=32), or a plan file (YAML/JSON)")
+                        "parallel plan: dp=N,tp=N,pp=N,sp,zero=0..3,microbatches=N,recompute=none|selective|full (e.g. dp=4,tp=8,sp or zero=3,dp=32), or a plan file (YAML/JSON)")
           ->capture_default_str();
   lower->add_option("--sharding", lower_sharding, "per-op sharding file (JSON), instead of --plan")
       ->excludes(lower_plan_opt);
