@@ -22,6 +22,7 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -1070,8 +1071,9 @@ class TransformerLowering {
   /// forward's "L<layer>.<...>".
   std::string ParamName(const std::string& name) const {
     if (!recomputing_) return name;
-    const size_t at = name.find(".recompute.");
-    return at == std::string::npos ? name : name.substr(0, at) + name.substr(at + 10);
+    constexpr std::string_view kTag = ".recompute.";
+    const size_t at = name.find(kTag);
+    return at == std::string::npos ? name : name.substr(0, at + 1) + name.substr(at + kTag.size());
   }
   /// The tensor a forward op reads for parameter `name`: the forward's copy,
   /// or while recomputing in the backward the backward's (ZeRO-3 gathers
