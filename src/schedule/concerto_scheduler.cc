@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fmt/format.h>
 #include <deque>
 #include <future>
@@ -44,6 +45,13 @@ struct Measured {
   double makespan_us = 0;
   int64_t peak_bytes = 0;
 };
+
+/// BetterSchedule against a candidate slot (any schedule beats an empty one).
+bool Beats(double makespan_us, int64_t peak_bytes, const Candidate& incumbent) {
+  return incumbent.name.empty() ||
+         BetterSchedule(makespan_us, peak_bytes, incumbent.makespan_us, incumbent.peak_bytes);
+}
+bool Beats(const Measured& m, const Candidate& incumbent) { return Beats(m.makespan_us, m.peak_bytes, incumbent); }
 
 /// Verifies and simulates `sp` with `indexes` (one per graph of sp.program),
 /// shared by the verifier, the simulation and the memory sweep.
@@ -596,7 +604,7 @@ class Search {
     }
     TakeBackBest();
     if (opts_.fuse && program_.roles.size() == 1) CONCERTO_RETURN_IF_ERROR(Fuse());
-    const bool fell_back = fallback_.makespan_us < best_.makespan_us;
+    const bool fell_back = Beats(fallback_.makespan_us, fallback_.peak_bytes, best_);
     if (fell_back) best_ = std::move(fallback_);
     // Fusion and the fallback change the program (fused collectives, no
     // split streams), and the bound is a property of the program: report the
@@ -665,7 +673,7 @@ class Search {
     // when one program goes to both (at 100k ops a copy takes seconds).
     auto better = [&](const Measured& m, const std::string& name, const Candidate& slot) {
       if (lowest_peak < 0 || m.peak_bytes < lowest_peak) lowest_peak = m.peak_bytes, lowest_name = name;
-      return Fits(m.peak_bytes) && (slot.name.empty() || m.makespan_us < slot.makespan_us);
+      return Fits(m.peak_bytes) && Beats(m, slot);
     };
     // Baselines are scheduled and measured opts_.threads at a time (they are
     // independent) and considered in their fixed order, as one at a time.
@@ -750,7 +758,7 @@ class Search {
         Say("list schedule of " + label + " dropped: " + m.status().message());
         continue;
       }
-      const bool keep = m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
+      const bool keep = Beats(*m, best_) && Fits(m->peak_bytes);
       Say(fmt::format("list schedule (critical path over the joined graph) of {}: {:.3f} ms, peak {:.2f} GiB{}",
                       label, m->makespan_us / 1e3, m->peak_bytes / double(1 << 30),
                       keep ? ""
@@ -766,7 +774,7 @@ class Search {
   /// whether it was kept.
   bool KeepStreamRewrite(ScheduledProgram sp, const std::string& what, const std::string& suffix) {
     Result<Measured> m = Measure(sp, cost_, opts_.sim);
-    const bool keep = m.ok() && m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
+    const bool keep = m.ok() && Beats(*m, best_) && Fits(m->peak_bytes);
     Say(fmt::format("{}: {}", what,
                     !m.ok() ? m.status().message()
                             : fmt::format("{:.3f} ms -> {:.3f} ms{}", best_.makespan_us / 1e3, m->makespan_us / 1e3,
@@ -970,7 +978,7 @@ class Search {
     Result<Measured> m = Measure(cand, search_indexes_, cost_, opts_.sim);
     search_program_ = std::move(cand.program);
     if (!m.ok()) return Status::Error("decoded schedule: " + m.status().message());
-    if (m->makespan_us < best_.makespan_us && Fits(m->peak_bytes)) {
+    if (Beats(*m, best_) && Fits(m->peak_bytes)) {
       best_ = {ScheduledProgram{Program{}, std::move(cand.schedule)}, m->makespan_us, "concerto", m->peak_bytes};
       best_in_search_ = true;
     }
@@ -1119,7 +1127,7 @@ class Search {
     if (*fused == 0) return Status::Ok();
     Result<Measured> m = Measure(cand.sp, cost_, opts_.sim);
     if (!m.ok()) return Status::Error("fusion pass: " + m.status().message());
-    const bool keep = m->makespan_us < best_.makespan_us && Fits(m->peak_bytes);
+    const bool keep = Beats(*m, best_) && Fits(m->peak_bytes);
     Say(fmt::format("fusion: {} collectives merged, {:.3f} ms -> {:.3f} ms{}", *fused, best_.makespan_us / 1e3,
                     m->makespan_us / 1e3, keep ? "" : " (not kept)"));
     if (keep) {
@@ -1160,6 +1168,13 @@ class Search {
 };
 
 }  // namespace
+
+bool BetterSchedule(double makespan_us, int64_t peak_bytes, double incumbent_makespan_us,
+                    int64_t incumbent_peak_bytes) {
+  const double tol = 1e-9 * std::max(1.0, std::abs(incumbent_makespan_us));
+  if (makespan_us < incumbent_makespan_us - tol) return true;
+  return makespan_us <= incumbent_makespan_us + tol && peak_bytes < incumbent_peak_bytes;
+}
 
 Result<ScheduledProgram> RunConcerto(const Program& program, const CostModel& cost, const ConcertoOptions& options,
                                      ConcertoReport* report, const ProgressFn& progress) {

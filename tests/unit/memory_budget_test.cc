@@ -5,6 +5,7 @@
 // fitting program over it.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <string>
 
 #include "concerto/cost/cluster.h"
@@ -150,6 +151,37 @@ TEST(MemoryBudget, ThePeakNamesItsOpAndLiveTensors) {
   const std::string trace = ChromeTrace(sp, t);
   EXPECT_NE(trace.find("\"ph\":\"C\""), std::string::npos);
   EXPECT_NE(trace.find("\"live GiB\""), std::string::npos);
+}
+
+TEST(MemoryBudget, TiesInMakespanGoToLowerMemory) {
+  // Faster wins whatever its memory; as fast (within the simulator's
+  // rounding, a relative 1e-9) wins only with a lower peak.
+  EXPECT_TRUE(BetterSchedule(99.0, 500, 100.0, 100));    // faster, more memory
+  EXPECT_FALSE(BetterSchedule(101.0, 10, 100.0, 100));   // slower, less memory
+  EXPECT_TRUE(BetterSchedule(100.0, 90, 100.0, 100));    // tie, less memory
+  EXPECT_FALSE(BetterSchedule(100.0, 100, 100.0, 100));  // tie, same memory: keep the incumbent
+  EXPECT_FALSE(BetterSchedule(100.0, 110, 100.0, 100));  // tie, more memory
+  EXPECT_TRUE(BetterSchedule(1e6 * (1 + 1e-12), 90, 1e6, 100));  // rounding is a tie
+  EXPECT_FALSE(BetterSchedule(1e6 * (1 + 1e-6), 90, 1e6, 100));  // a real difference is not
+}
+
+TEST(MemoryBudget, ConcertoNeverKeepsAHigherPeakForTheSameMakespan) {
+  // gpt-tiny under dp, tp+sp and a pipeline: when concerto's schedule is no
+  // faster than its best fitting start, it is not higher in memory either.
+  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
+  for (const std::string plan : {"dp=2", "tp=2,sp", "pp=2,microbatches=2"}) {
+    Program p = LowerModelPlan("gpt-tiny", plan).value();
+    Options options;
+    ASSERT_TRUE(options.Set("rounds", 2).ok());
+    ASSERT_TRUE(options.Set("decompose", 0).ok());
+    Result<RunResult> run = RunScheduler(p, "concerto", cost, options);
+    ASSERT_TRUE(run.ok()) << run.status().message();
+    ASSERT_TRUE(run->concerto.has_value()) << plan;
+    const ConcertoReport& r = *run->concerto;
+    if (std::abs(r.final_makespan_us - r.incumbent_makespan_us) <= 1e-9 * r.incumbent_makespan_us)
+      EXPECT_LE(r.peak_memory_bytes, r.incumbent_peak_memory_bytes) << plan;
+    EXPECT_LE(r.final_makespan_us, r.incumbent_makespan_us * (1 + 1e-9)) << plan;
+  }
 }
 
 }  // namespace

@@ -106,6 +106,15 @@ struct ConcertoReport {
   std::vector<WindowReport> windows;
 };
 
+/// Whether a schedule of `makespan_us` peaking at `peak_bytes` is better than
+/// an incumbent of `incumbent_makespan_us` and `incumbent_peak_bytes`: faster,
+/// or as fast (within a relative 1e-9, the simulator's rounding) and lower in
+/// memory. Every choice between candidates in RunConcerto (starting points,
+/// passes, stream rewrites, fusion, the fallback) goes through it, so ties in
+/// makespan go to lower memory.
+bool BetterSchedule(double makespan_us, int64_t peak_bytes, double incumbent_makespan_us,
+                    int64_t incumbent_peak_bytes);
+
 /// Progress: one line per pass (round, windows, best makespan).
 using ProgressFn = std::function<void(const std::string&)>;
 
