@@ -1,6 +1,7 @@
 // Cluster presets, the cluster-file reader (YAML or JSON) and validation.
 // Every preset value and its source is listed in docs/cost-model.md.
 #include "concerto/cost/cluster.h"
+#include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
 #include <yaml-cpp/yaml.h>
@@ -412,16 +413,14 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 
 /// Reads, parses and validates a cluster file.
 Result<ClusterSpec> LoadClusterFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Error(path + ": cannot open cluster file");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
+  Result<std::string> text = ReadInputFile(path, "cluster file", kMaxSmallInputBytes);
+  if (!text.ok()) return text.status();
   FileNode root;
   try {
     if (EndsWith(path, ".json")) {
-      root = FromJson(nlohmann::json::parse(buffer.str()));
+      root = FromJson(nlohmann::json::parse(*text));
     } else {
-      root = FromYaml(YAML::Load(buffer.str()));
+      root = FromYaml(YAML::Load(*text));
     }
   } catch (const YAML::Exception& e) {
     return Status::Error(path + ": YAML parse error: " + e.what());

@@ -11,6 +11,7 @@
 #include <set>
 
 #include "concerto/cost/cost_model.h"
+#include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
 namespace concerto {
@@ -138,11 +139,11 @@ double ProfileDb::Lookup(const std::string& device, const std::string& signature
 }
 
 Result<ProfileDb> ProfileDb::Read(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Error(path + ": cannot open profile database");
+  Result<std::string> text = ReadInputFile(path, "profile database", kMaxLargeInputBytes);
+  if (!text.ok()) return text.status();
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(*text);
   } catch (const nlohmann::json::exception& e) {
     return Status::Error(path + ": JSON parse error: " + e.what());
   }

@@ -1,6 +1,7 @@
 // JSON text form of Programs: a strict reader with messages that name the
 // file, graph, op and field, and a canonical writer (docs/ir.md).
 #include "concerto/ir/json_io.h"
+#include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
 #include <algorithm>
@@ -98,6 +99,7 @@ struct Overflow {
 /// string (recorded in `overflow`) so that the reader can name its field.
 Status ParseJsonText(const std::string& text, const std::string& source, json* root,
                      std::optional<Overflow>* overflow) {
+  if (Status s = CheckWhitespaceRuns(text, source); !s.ok()) return s;
   try {
     *root = json::parse(text);
     return Status::Ok();
@@ -448,6 +450,10 @@ class Reader {
     where = "graph '" + g->name + "'";
     CONCERTO_RETURN_IF_ERROR(CheckFields(j, kGraphFields, where));
     CONCERTO_RETURN_IF_ERROR(GetStringList(j, "streams", where, &g->streams));
+    if (g->streams.size() > static_cast<size_t>(kMaxStreamsPerGraph))
+      return Fail(where, "streams",
+                  std::to_string(g->streams.size()) + " streams, more than the limit of " +
+                      std::to_string(kMaxStreamsPerGraph) + " (docs/ir.md \"Limits\")");
     if (const json* tensors = Member(j, "tensors")) {
       CONCERTO_RETURN_IF_ERROR(Expect(*tensors, JType::kArray, where, "tensors"));
       g->tensors.resize(tensors->size());
@@ -911,12 +917,9 @@ Result<Program> ParseProgram(const std::string& text, const std::string& source)
 }
 
 Result<Program> ReadProgramFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::Error(path + ": cannot open file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return Status::Error(path + ": read error");
-  return ParseProgram(text.str(), path);
+  Result<std::string> text = ReadInputFile(path, "program file", kMaxLargeInputBytes);
+  if (!text.ok()) return text.status();
+  return ParseProgram(*text, path);
 }
 
 std::string WriteProgram(const Program& program) {

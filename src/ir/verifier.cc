@@ -67,10 +67,12 @@ class GraphVerifier {
   /// Stream names: non-empty and unique.
   void CheckStreams() {
     if (g_.streams.empty()) Report("no streams");
-    std::unordered_set<std::string> seen;
+    if (g_.streams.size() > static_cast<size_t>(kMaxStreamsPerGraph))
+      Report("field 'streams': " + std::to_string(g_.streams.size()) + " streams, more than the limit of " +
+             std::to_string(kMaxStreamsPerGraph) + " (docs/ir.md \"Limits\")");
     for (const auto& s : g_.streams) {
       if (s.empty()) Report("a stream has an empty name");
-      if (!seen.insert(s).second) Report("stream " + Quote(s) + " is listed twice");
+      if (!stream_names_.insert(s).second) Report("stream " + Quote(s) + " is listed twice");
     }
   }
 
@@ -131,7 +133,7 @@ class GraphVerifier {
 
   void CheckOp(int index) {
     const Op& op = g_.ops[index];
-    if (std::find(g_.streams.begin(), g_.streams.end(), op.stream) == g_.streams.end())
+    if (!stream_names_.count(op.stream))
       ReportOp(op, "field 'stream': unknown stream " + Quote(op.stream) +
                        " (not in the graph's streams)");
     CheckSizes(op);
@@ -339,6 +341,7 @@ class GraphVerifier {
   bool mesh_ok_;
   std::vector<std::string>* out_;
   std::unordered_map<std::string, int> tensor_index_;
+  std::unordered_set<std::string> stream_names_;
   std::unordered_map<int, int> op_index_;
   std::unordered_map<int, int> producer_;  // tensor index -> op index
 };

@@ -1,6 +1,7 @@
 // Parallel plans: parsing "dp=4,tp=8,sp,zero=2" and checking a plan against
 // a model. Every error names the item or the constraint that failed.
 #include "concerto/lower/plan.h"
+#include "concerto/util/input_file.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -503,11 +504,9 @@ Result<ParallelPlan> ParsePlanFile(const std::string& text, const std::string& s
 }
 
 Result<ParallelPlan> LoadPlanFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open the plan file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParsePlanFile(ss.str(), path);
+  Result<std::string> text = ReadInputFile(path, "plan file", kMaxSmallInputBytes);
+  if (!text.ok()) return text.status();
+  return ParsePlanFile(*text, path);
 }
 
 Result<ParallelPlan> LoadPlan(const std::string& arg) {

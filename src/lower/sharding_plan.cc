@@ -2,6 +2,7 @@
 // unsharded with the plan's global batch before partitioning it
 // (src/lower/partitioner.cc). Syntax: docs/frontends.md.
 #include "concerto/lower/sharding_plan.h"
+#include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
 #include <nlohmann/json.hpp>
@@ -206,11 +207,9 @@ Result<ShardingPlan> ParseShardingPlan(const std::string& text, const std::strin
 }
 
 Result<ShardingPlan> LoadShardingPlan(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open the sharding file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseShardingPlan(ss.str(), path);
+  Result<std::string> text = ReadInputFile(path, "sharding file", kMaxSmallInputBytes);
+  if (!text.ok()) return text.status();
+  return ParseShardingPlan(*text, path);
 }
 
 Status CheckShardingWorld(const ShardingPlan& plan, int world_size) {

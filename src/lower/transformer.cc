@@ -5,6 +5,7 @@
 // list, the collective and send/recv placement and the flop conventions are
 // in docs/workloads.md and docs/frontends.md ("MoE / ep").
 #include "concerto/lower/transformer.h"
+#include "concerto/util/input_file.h"
 #include "concerto/ir/comm_streams.h"
 #include "concerto/lower/graph_builder.h"
 
@@ -2100,11 +2101,9 @@ Result<ModelConfig> ParseModelSpec(const std::string& text, const std::string& s
 }
 
 Result<ModelConfig> LoadModelFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot read the model spec file");
-  std::stringstream text;
-  text << in.rdbuf();
-  return ParseModelSpec(text.str(), path, std::filesystem::path(path).stem().string());
+  Result<std::string> text = ReadInputFile(path, "model spec file", kMaxSmallInputBytes);
+  if (!text.ok()) return text.status();
+  return ParseModelSpec(*text, path, std::filesystem::path(path).stem().string());
 }
 
 Result<ModelConfig> LoadModel(const std::string& name_or_path) {

@@ -1,6 +1,7 @@
 // Profiling: kernels by signature, collectives by (type, group, bytes), and
 // the least-squares fits that turn them into a cpu-local cluster spec.
 #include "concerto/runtime/profile.h"
+#include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
 #include <algorithm>
@@ -357,10 +358,10 @@ namespace {
 
 /// The JSON document in file `path`; errors name the file.
 Result<nlohmann::json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open");
+  Result<std::string> text = ReadInputFile(path, "samples file", kMaxLargeInputBytes);
+  if (!text.ok()) return text.status();
   try {
-    return nlohmann::json::parse(in);
+    return nlohmann::json::parse(*text);
   } catch (const nlohmann::json::exception& e) {
     return Status::Error(path + ": " + e.what());
   }

@@ -1,4 +1,5 @@
 #include "concerto/schedule/schedule.h"
+#include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
 #include <algorithm>
@@ -160,11 +161,9 @@ Result<Schedule> ParseSchedule(const std::string& text, const std::string& sourc
 }
 
 Result<Schedule> ReadScheduleFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::Error(path + ": cannot open file");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ParseSchedule(ss.str(), path);
+  Result<std::string> text = ReadInputFile(path, "schedule file", kMaxLargeInputBytes);
+  if (!text.ok()) return text.status();
+  return ParseSchedule(*text, path);
 }
 
 namespace {

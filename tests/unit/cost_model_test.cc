@@ -217,7 +217,7 @@ TEST(CostClusterTest, UnknownPresetAndMissingFile) {
   EXPECT_NE(r.status().message().find("a800-4x8"), std::string::npos);
   r = LoadCluster("/no/such/dir/cluster.yaml");
   ASSERT_FALSE(r.ok());
-  EXPECT_EQ(r.status().message(), "/no/such/dir/cluster.yaml: cannot open cluster file");
+  EXPECT_EQ(r.status().message(), "/no/such/dir/cluster.yaml: no such cluster file");
 }
 
 TEST(CostClusterTest, ValidateNamesField) {
@@ -629,7 +629,7 @@ TEST(CostProfileTest, BadFilesNameFileAndEntry) {
   }
   Result<ProfileDb> missing = ProfileDb::Read("/no/such/profile.json");
   ASSERT_FALSE(missing.ok());
-  EXPECT_EQ(missing.status().message(), "/no/such/profile.json: cannot open profile database");
+  EXPECT_EQ(missing.status().message(), "/no/such/profile.json: no such profile database");
 }
 
 // ---------------------------------------------------------------------------

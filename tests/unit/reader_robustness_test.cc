@@ -3,6 +3,7 @@
 // with an input of that class and the message it must give instead.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
 #include <fstream>
 #include <string>
 
@@ -11,7 +12,10 @@
 #include "concerto/lower/frontend.h"
 #include "concerto/lower/plan.h"
 #include "concerto/lower/sharding_plan.h"
+#include "concerto/lower/transformer.h"
 #include "concerto/schedule/schedule.h"
+#include "concerto/ir/json_io.h"
+#include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
 namespace concerto {
@@ -157,6 +161,50 @@ TEST(ReaderRobustness, DescribeJsonNeverDumpsContainers) {
   EXPECT_EQ(DescribeJson(nlohmann::json::parse("{\"a\": 1}")), "an object with 1 key");
   EXPECT_EQ(DescribeJson(nlohmann::json(std::string(200, 'x'))).size(), 80u);
   EXPECT_EQ(DescribeJson(nlohmann::json(2.5)), "2.5");
+}
+
+TEST(ReaderRobustness, WhitespaceRunsAreBoundedInEveryReader) {
+  // JSON's parser keeps the whitespace before a failing token and escapes it
+  // into its message (8 bytes a newline): 1 GB of newlines cost 10.6 GB to
+  // reject. Every file reader checks runs first, and so does the program
+  // parser for text that never was a file.
+  const std::string newlines(kMaxWhitespaceRun + 1, '\n');
+  const std::string limit = "of whitespace in a row (the readers' limit";
+  ExpectErrorContains(ReadProgramFile(WriteTemp("nl.json", newlines)).status(), "nl.json:1: more than 1 MiB " + limit);
+  std::string text = "{}";
+  text += newlines;
+  ExpectErrorContains(ParseProgram(text, "text.json").status(), "text.json:1: more than 1 MiB");
+  ExpectErrorContains(ReadScheduleFile(WriteTemp("nl_schedule.json", newlines)).status(), limit);
+  ExpectErrorContains(LoadCluster(WriteTemp("nl_cluster.yaml", std::string("name: x") + newlines)).status(), "nl_cluster.yaml:1: more than 1 MiB");
+  ExpectErrorContains(LoadPlan(WriteTemp("nl_plan.yaml", newlines)).status(), limit);
+  ExpectErrorContains(LoadShardingPlan(WriteTemp("nl_sharding.json", newlines)).status(), limit);
+  ExpectErrorContains(LoadModel(WriteTemp("nl_model.yaml", newlines)).status(), limit);
+  // A run at the limit is fine (the parser then says what is wrong).
+  ExpectErrorContains(ReadProgramFile(WriteTemp("ok_ws.json", std::string(kMaxWhitespaceRun, ' ').append("["))).status(),
+                      "malformed JSON");
+}
+
+TEST(ReaderRobustness, FilesAreSizeCheckedBeforeReading) {
+  // A sparse 65 MiB file: rejected by its size, without reading it.
+  const std::string path = ::testing::TempDir() + "/big_plan.yaml";
+  { std::ofstream(path, std::ios::binary).seekp(kMaxSmallInputBytes) << 'x'; }
+  ExpectErrorContains(LoadPlan(path).status(), "big_plan.yaml: the plan file is 64 MiB, more than the limit of 64 MiB");
+  ExpectErrorContains(ReadProgramFile("/no/such/program.json").status(), "/no/such/program.json: no such program file");
+  ExpectErrorContains(ReadProgramFile(::testing::TempDir()).status(), "is a directory, not a program file");
+}
+
+TEST(ReaderRobustness, StreamsPerGraphAreBounded) {
+  // 100k declared streams made scheduling quadratic (38 s for 11 ops); the
+  // reader and the verifier stop at kMaxStreamsPerGraph.
+  Program p = ParseProgram(R"({"format": "concerto-ir", "version": 1, "name": "s", "mesh": {"axes": [{"name": "dp", "size": 1}]},
+    "graphs": [{"name": "main", "streams": ["compute"], "tensors": [], "ops": []}],
+    "roles": [{"name": "r", "graph": "main", "ranks": [0]}]})", "s.json").value();
+  for (int i = 0; i < kMaxStreamsPerGraph; ++i) p.graphs[0].streams.push_back(fmt::format("s{}", i));
+  const std::vector<std::string> v = VerifyProgram(p);
+  ASSERT_FALSE(v.empty());
+  EXPECT_NE(v.front().find("257 streams, more than the limit of 256"), std::string::npos) << v.front();
+  ExpectErrorContains(ParseProgram(WriteProgram(p), "s.json").status(),
+                      "s.json: graph 'main': field 'streams': 257 streams, more than the limit of 256");
 }
 
 }  // namespace

@@ -36,5 +36,8 @@ int GroupRankCount(const Mesh& mesh, const Group& group);
 std::vector<std::string> VerifyMesh(const Mesh& mesh);
 /// The largest mesh the verifier accepts (ranks).
 inline constexpr int kMaxMeshRanks = 1 << 20;
+/// The most streams a graph declares (schedulers and the simulator keep
+/// per-stream state and look streams up by name).
+inline constexpr int kMaxStreamsPerGraph = 256;
 
 }  // namespace concerto
