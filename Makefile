@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: setup build demo test bench testbed clean
+.PHONY: setup build demo test bench testbed clean sanitize
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,23 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# AddressSanitizer + UndefinedBehaviorSanitizer build of the unit tests that
+# cover the readers, verifiers, lowering, simulator, solvers and runtime (the
+# whole suite does not fit CI's time under the sanitizers); any report fails.
+SANITIZE_BUILD ?= build-sanitize
+SANITIZE_TESTS ?= ir_test error_corpus_test reader_robustness_test plan_test schedule_verifier_test \
+	simulator_test window_solver_test runtime_kernels_test rank_session_test fusion_test decompose_test \
+	lower_bound_test memory_budget_test cost_model_test transformer_lowering_test moe_lower_test \
+	sharding_plan_test graph_index_test
+sanitize: setup
+	cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONCERTO_SANITIZE=ON
+	cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target $(SANITIZE_TESTS)
+	@set -e; for t in $(SANITIZE_TESTS); do \
+	  echo "sanitize: $$t"; \
+	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(SANITIZE_BUILD)/$$t --gtest_brief=1; \
+	done
 
 # The emulated 1 Gbit/s cluster (root): measured vs simulated iteration times (docs/results.md).
 testbed: build

@@ -396,6 +396,17 @@ std::vector<std::string> VerifySchedule(const Program& program, const Schedule& 
                         "); a real run would hang");
           break;
         }
+        if (a.name != b.name) {
+          // Same type and size, different ops: a real run would combine
+          // different tensors. A collective's name is its identity across
+          // ranks (docs/ir.md, "Collective identity").
+          out.push_back("collectives on group {" + key + "} do not match: rank " + std::to_string(rank0) +
+                        " issues " + OpLabel(a) + " as its collective " + std::to_string(k + 1) + " where rank " +
+                        std::to_string(rank) + " issues " + OpLabel(b) +
+                        "; collectives that meet must carry the same name, or a real run would combine different "
+                        "tensors");
+          break;
+        }
       }
       if (seq.size() != seq0.size())
         out.push_back("group {" + key + "}: rank " + std::to_string(rank0) + " issues " +

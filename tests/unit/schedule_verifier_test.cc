@@ -119,6 +119,31 @@ TEST(ScheduleVerifier, CollectivesInDifferentOrdersAcrossRoles) {
   EXPECT_TRUE(Contains(v, "collective order differs on group {0,1,}")) << (v.empty() ? "" : v[0]);
 }
 
+TEST(ScheduleVerifier, CollectivesOfOneTypeAndSizeInDifferentOrdersAcrossRoles) {
+  // Two roles issue two all-reduces of the same type and size on one group in
+  // opposite orders: nothing would hang, but rank 0's 'grad.a' would be
+  // summed with rank 1's 'grad.b'. The names are the identity that must meet.
+  Program p;
+  p.mesh.axes = {{"dp", 2}};
+  for (int r = 0; r < 2; ++r) {
+    Graph g;
+    g.name = "g" + std::to_string(r);
+    g.tensors = {T("x"), T("y"), T("u"), T("v")};
+    g.streams = {"compute", "comm"};
+    g.ops = {AllReduce(0, "grad.a", "x", "y", 16), AllReduce(1, "grad.b", "u", "v", 16)};
+    p.graphs.push_back(g);
+    p.roles.push_back({"r" + std::to_string(r), g.name, {r}});
+  }
+  Schedule s = ProgramOrderSchedule(p, "x");
+  EXPECT_TRUE(VerifySchedule(p, s).empty());  // same order: they meet by name
+  for (auto& so : s.roles[1].streams)
+    if (so.stream == "comm") so.op_ids = {1, 0};  // rank 1: grad.b first
+  auto v = VerifySchedule(p, s);
+  EXPECT_TRUE(Contains(v, "collectives on group {0,1,} do not match: rank 0 issues op 0 'grad.a' as its collective 1 "
+                          "where rank 1 issues op 1 'grad.b'"))
+      << (v.empty() ? "" : v[0]);
+}
+
 TEST(ScheduleVerifier, UnmatchedSend) {
   Program p;
   p.mesh.axes = {{"pp", 2}};
