@@ -121,5 +121,11 @@ for field in matmul_tflops memory_gbps link_latency_us link_bandwidth_gbps; do
 done
 check profile_cluster_loads 0 "$BIN" simulate "$EX" --cluster "$TMP/prof/cpu-local.json" --profile "$TMP/prof/profile.json" --json
 contains profile_prices_from_db "$TMP/out" '"cluster": "cpu-local"'
+# A plan that needs more devices than the cluster has says what would fit; one
+# that uses fewer says so on stderr instead of leaving devices idle silently.
+check plan_too_big_for_cluster 1 "$BIN" compare --model gpt-tiny --plan dp=33 --cluster a800-4x8 --rounds 0
+contains plan_too_big_suggests "$TMP/err" "must multiply to at most 32"
+check plan_uses_part_of_cluster 0 "$BIN" compare --model gpt-tiny --plan dp=3 --cluster a800-4x8 --rounds 0 --json
+contains plan_uses_part_says_so "$TMP/err" "note: the program uses 3 of cluster 'a800-4x8''s 32 devices; the other 29 stay idle"
 if [[ $fails -ne 0 ]]; then echo "$fails CLI checks failed"; exit 1; fi
 echo "all CLI checks passed"

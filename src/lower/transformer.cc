@@ -9,6 +9,7 @@
 #include "concerto/ir/comm_streams.h"
 #include "concerto/lower/graph_builder.h"
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -2067,6 +2068,31 @@ Status ValidateExperts(const ModelConfig& m) {
   return Status::Ok();
 }
 
+/// The model's largest tensors and its parameter count, in doubles (they
+/// cannot overflow here), each at most kMaxModelElements: every size the
+/// lowering then computes in int64 (bytes of a weight's optimizer state,
+/// flops of a matmul) stays far from overflow. A model past the limit (e.g.
+/// hidden = 2^30) is rejected before anything is built.
+Status ValidateModelSize(const ModelConfig& m) {
+  constexpr double kMaxModelElements = 1099511627776.0;  // 2^40
+  const double h = m.hidden, f = m.ffn_hidden, tokens = double(m.batch) * m.seq;
+  const double experts = std::max(1, m.experts);
+  const std::pair<std::string, double> sizes[] = {
+      {"the attention weights (hidden x (hidden + 2 x kv width))", h * (h + 2.0 * m.kv_heads * (h / m.heads))},
+      {"an MLP weight (hidden x ffn_hidden x experts)", h * f * experts},
+      {"the embedding (vocab x hidden)", double(m.vocab) * h},
+      {"an activation (batch x seq x max(hidden, ffn_hidden, vocab))", tokens * std::max({h, f, double(m.vocab)})},
+      {"the attention scores (batch x heads x seq x seq)", tokens * m.heads * m.seq},
+      {"the parameters (layers x per-layer weights)", m.layers * (h * h * 4 + 3 * h * f * experts) + 2.0 * m.vocab * h},
+  };
+  for (const auto& [what, elements] : sizes)
+    if (!(elements <= kMaxModelElements))
+      return ModelError(m, fmt::format("{} would have {:.3g} elements, more than the limit of 2^40 "
+                                       "(docs/frontends.md, \"Model spec files\")",
+                                       what, elements));
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::string_view ToString(ModelFamily family) {
@@ -2131,7 +2157,8 @@ Status ValidateModel(const ModelConfig& m) {
                              std::to_string(m.heads) + ")");
   if (m.dtype == DType::kI32 || m.dtype == DType::kI64)
     return ModelError(m, "dtype must be bf16, f16 or f32");
-  return ValidateExperts(m);
+  CONCERTO_RETURN_IF_ERROR(ValidateExperts(m));
+  return ValidateModelSize(m);
 }
 
 int64_t ModelParameterCount(const ModelConfig& m) {

@@ -207,5 +207,21 @@ TEST(ReaderRobustness, StreamsPerGraphAreBounded) {
                       "s.json: graph 'main': field 'streams': 257 streams, more than the limit of 256");
 }
 
+TEST(ReaderRobustness, ModelSizesAreBoundedBeforeLowering) {
+  // hidden = 2^30 once lowered to a program with negative byte counts (an
+  // int64 overflow in the optimizer's bytes); every oversized dimension or
+  // product is refused by ValidateModel, naming what would be too large.
+  const std::string base = "family: gpt\nlayers: 2\nheads: 16\nseq: 128\nvocab: 1024\n";
+  ExpectErrorContains(LoadModel(WriteTemp("huge_hidden.yaml", base + "hidden: 1073741824\nffn_hidden: 4096\n")).status(),
+                      "model 'huge_hidden': the attention weights (hidden x (hidden + 2 x kv width)) would have "
+                      "3.46e+18 elements, more than the limit of 2^40");
+  ExpectErrorContains(LowerModelPlan(WriteTemp("huge_seq.yaml", "family: gpt\nlayers: 2\nheads: 16\nhidden: 1024\n"
+                                                                "seq: 1048576\nvocab: 1024\nbatch: 64\n"),
+                                     "dp=1")
+                          .status(),
+                      "the attention scores (batch x heads x seq x seq) would have");
+  EXPECT_TRUE(LoadModel(WriteTemp("fine.yaml", base + "hidden: 1024\n")).ok());
+}
+
 }  // namespace
 }  // namespace concerto

@@ -118,9 +118,17 @@ void Progress(const std::string& line) { std::fprintf(stderr, "concerto: %s\n", 
 
 Status CheckProgramFitsCluster(const Program& program, const CostModel& cost) {
   const ClusterSpec& c = cost.cluster();
-  if (program.mesh.NumRanks() > c.NumDevices())
-    return Status::Error(fmt::format("program needs {} ranks but cluster '{}' has {} devices",
-                                     program.mesh.NumRanks(), c.name, c.NumDevices()));
+  const int ranks = program.mesh.NumRanks();
+  if (ranks > c.NumDevices())
+    return Status::Error(fmt::format(
+        "program needs {} ranks but cluster '{}' has {} devices ({} nodes x {}): a plan's degrees (dp x tp x pp "
+        "x ...) must multiply to at most {}, or name a larger cluster (concerto clusters)",
+        ranks, c.name, c.NumDevices(), c.nodes, c.devices_per_node, c.NumDevices()));
+  // Fewer ranks than devices is allowed (a program may use part of a
+  // cluster) but never silent: dp=3,tp=8 on 32 devices leaves 8 idle.
+  if (ranks < c.NumDevices())
+    Progress(fmt::format("note: the program uses {} of cluster '{}''s {} devices; the other {} stay idle", ranks,
+                         c.name, c.NumDevices(), c.NumDevices() - ranks));
   return Status::Ok();
 }
 
