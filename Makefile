@@ -14,7 +14,9 @@ $(BUILD)/build.ninja:
 build: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-demo: build
+# Builds only the tool (not the tests and benchmarks) before running the demo.
+demo: setup $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS) --target concerto_cli
 	./$(BUILD)/concerto demo --trace $(BUILD)/demo_trace.json
 
 test: build
@@ -27,9 +29,9 @@ SANITIZE_BUILD ?= build-sanitize
 SANITIZE_TESTS ?= ir_test error_corpus_test reader_robustness_test plan_test schedule_verifier_test \
 	simulator_test window_solver_test runtime_kernels_test rank_session_test fusion_test decompose_test \
 	lower_bound_test memory_budget_test cost_model_test transformer_lowering_test moe_lower_test \
-	sharding_plan_test graph_index_test
+	sharding_plan_test graph_index_test suggestions_test
 sanitize: setup
-	cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCONCERTO_SANITIZE=ON
+	cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DCONCERTO_SANITIZE=ON
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target $(SANITIZE_TESTS)
 	@set -e; for t in $(SANITIZE_TESTS); do \
 	  echo "sanitize: $$t"; \

@@ -1,6 +1,7 @@
 // Cluster presets, the cluster-file reader (YAML or JSON) and validation.
 // Every preset value and its source is listed in docs/cost-model.md.
 #include "concerto/cost/cluster.h"
+#include "concerto/util/did_you_mean.h"
 #include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
@@ -450,8 +451,8 @@ Result<ClusterSpec> LoadCluster(const std::string& name_or_path) {
     return LoadClusterFile(name_or_path);
   const Preset* preset = FindPreset(name_or_path);
   if (!preset)
-    return Status::Error("unknown cluster '" + name_or_path + "': not a preset (" + PresetList() +
-                         ") and not a .yaml, .yml or .json file");
+    return Status::Error("unknown cluster '" + name_or_path + "'" + DidYouMean(name_or_path, ClusterPresetNames()) +
+                         ": not a preset (" + PresetList() + ") and not a .yaml, .yml or .json file");
   ClusterSpec spec = preset->make();
   Status st = ValidateCluster(spec, "preset '" + name_or_path + "'");
   assert(st.ok() && "a built-in preset fails ValidateCluster");

@@ -1,11 +1,13 @@
 // Parallel plans: parsing "dp=4,tp=8,sp,zero=2" and checking a plan against
 // a model. Every error names the item or the constraint that failed.
 #include "concerto/lower/plan.h"
+#include "concerto/util/did_you_mean.h"
 #include "concerto/util/input_file.h"
 
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <numeric>
 #include <cassert>
 #include <charconv>
 #include <cstdint>
@@ -107,7 +109,8 @@ class PlanParser {
     const bool has_value = eq != std::string::npos;
     const std::string value = has_value ? Trim(item.substr(eq + 1)) : "";
     if (!IsKnown(key))
-      return ItemError(item, "unknown key '" + key + "' (known: " + std::string(kKnownKeys) + ")");
+      return ItemError(item, "unknown key '" + key + "'" + DidYouMean(key, PlanKeys()) + " (known: " +
+                                 std::string(kKnownKeys) + ")");
     if (!seen_.insert(key).second) return ItemError(item, "key '" + key + "' is given twice");
     if (key == "sp") return ParseFlag(item, key, has_value, value);
     if (key == "order") return ParseOrder(item, has_value, value);
@@ -118,11 +121,14 @@ class PlanParser {
   }
 
   /// Whether `key` is a plan key.
+  static const std::vector<std::string>& PlanKeys() {
+    static const std::vector<std::string> kKeys = {"dp",  "tp",           "pp",      "ep",    "sp",       "zero",
+                                                   "dap", "microbatches", "vstages", "order", "recompute"};
+    return kKeys;
+  }
   static bool IsKnown(const std::string& key) {
-    static const std::set<std::string> kKeys = {"dp",   "tp",  "pp",           "ep",
-                                                "sp",   "zero", "dap", "microbatches",
-                                                "vstages", "order", "recompute"};
-    return kKeys.count(key) > 0;
+    const std::vector<std::string>& keys = PlanKeys();
+    return std::find(keys.begin(), keys.end(), key) != keys.end();
   }
 
   /// The integer field of a degree key (dp, tp, pp, ep, dap, microbatches).
@@ -268,7 +274,15 @@ class PlanChecker {
   Status TensorParallel() const {
     CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "heads", m_.heads));
     CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "kv_heads", m_.kv_heads));
-    CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "vocab", m_.vocab));
+    if (p_.tp > 0 && m_.vocab % p_.tp != 0) {
+      // Megatron pads the vocabulary to a multiple of 128 x tp
+      // (--make-vocab-size-divisible-by); say which size that is.
+      const int64_t multiple = int64_t{128} * p_.tp;
+      const int64_t padded = (int64_t{m_.vocab} + multiple - 1) / multiple * multiple;
+      return Fail("tp (" + std::to_string(p_.tp) + ") must divide vocab (" + std::to_string(m_.vocab) +
+                  "): pad the vocabulary as Megatron does, to a multiple of 128 x tp, e.g. vocab: " +
+                  std::to_string(padded) + " in the model spec");
+    }
     CONCERTO_RETURN_IF_ERROR(Divides("tp", p_.tp, "ffn_hidden", m_.ffn_hidden));
     if (p_.sp) CONCERTO_RETURN_IF_ERROR(Divides("tp (sequence parallel)", p_.tp, "seq", m_.seq));
     return Status::Ok();
@@ -321,7 +335,9 @@ class PlanChecker {
     CONCERTO_RETURN_IF_ERROR(Divides("ep", p_.ep, "experts", m_.experts));
     if (p_.dp % p_.ep != 0)
       return Fail("ep (" + std::to_string(p_.ep) + ") must divide dp (" + std::to_string(p_.dp) +
-                  "): the expert-parallel group is carved out of the data-parallel ranks");
+                  "): the expert-parallel group is carved out of the data-parallel ranks; e.g. dp=" +
+                  std::to_string((p_.dp + p_.ep - 1) / p_.ep * p_.ep) + ",ep=" + std::to_string(p_.ep) +
+                  " or ep=" + std::to_string(std::gcd(p_.dp, p_.ep)));
     if (p_.zero > 0)
       return Fail("zero=" + std::to_string(p_.zero) + " with ep > 1 is not supported");
     return Status::Ok();
@@ -512,6 +528,12 @@ Result<ParallelPlan> LoadPlanFile(const std::string& path) {
 Result<ParallelPlan> LoadPlan(const std::string& arg) {
   std::error_code ec;
   if (std::filesystem::is_regular_file(arg, ec)) return LoadPlanFile(arg);
+  // A path, not a plan string: say the file is missing rather than "unknown
+  // key 'plans/dp4-tp8.yaml'".
+  const bool looks_like_path = arg.find('=') == std::string::npos &&
+                               (arg.find('/') != std::string::npos || arg.ends_with(".yaml") ||
+                                arg.ends_with(".yml") || arg.ends_with(".json"));
+  if (looks_like_path) return LoadPlanFile(arg);
   return ParsePlan(arg);
 }
 

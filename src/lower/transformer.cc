@@ -5,8 +5,10 @@
 // list, the collective and send/recv placement and the flop conventions are
 // in docs/workloads.md and docs/frontends.md ("MoE / ep").
 #include "concerto/lower/transformer.h"
+#include "concerto/util/did_you_mean.h"
 #include "concerto/util/input_file.h"
 #include "concerto/ir/comm_streams.h"
+#include "concerto/lower/evoformer.h"
 #include "concerto/lower/graph_builder.h"
 
 #include <fmt/format.h>
@@ -1898,9 +1900,17 @@ ModelConfig FromRow(const PresetRow& r) {
 }
 
 /// "gpt-tiny, gpt-1.3b, ...".
+/// Every model preset name, the Evoformer's too (LowerModelPlan takes both).
+std::vector<std::string> AllPresetNames() {
+  std::vector<std::string> names;
+  for (const PresetRow& r : kPresets) names.push_back(r.name);
+  for (const std::string& n : EvoformerPresetNames()) names.push_back(n);
+  return names;
+}
+
 std::string PresetList() {
   std::string out;
-  for (const PresetRow& r : kPresets) out += (out.empty() ? "" : ", ") + std::string(r.name);
+  for (const std::string& name : AllPresetNames()) out += (out.empty() ? "" : ", ") + name;
   return out;
 }
 
@@ -2114,7 +2124,10 @@ std::vector<std::string> ModelPresetNames() {
 Result<ModelConfig> ModelPreset(const std::string& name) {
   for (const PresetRow& r : kPresets)
     if (name == r.name) return FromRow(r);
-  return Status::Error("model: unknown preset '" + name + "' (known: " + PresetList() + ")");
+  std::string known;
+  for (const std::string& n : ModelPresetNames()) known += (known.empty() ? "" : ", ") + n;
+  return Status::Error("model: unknown preset '" + name + "'" + DidYouMean(name, ModelPresetNames()) +
+                       " (known: " + known + ")");
 }
 
 Result<ModelConfig> ParseModelSpec(const std::string& text, const std::string& source,
@@ -2137,8 +2150,8 @@ Result<ModelConfig> LoadModel(const std::string& name_or_path) {
     if (name_or_path == r.name) return FromRow(r);
   std::error_code ec;
   if (std::filesystem::is_regular_file(name_or_path, ec)) return LoadModelFile(name_or_path);
-  return Status::Error("model '" + name_or_path + "': not a preset (" + PresetList() +
-                       ") and not a readable model spec file");
+  return Status::Error("model '" + name_or_path + "'" + DidYouMean(name_or_path, AllPresetNames()) +
+                       ": not a preset (" + PresetList() + ") and not a readable model spec file");
 }
 
 Status ValidateModel(const ModelConfig& m) {

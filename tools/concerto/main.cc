@@ -18,6 +18,7 @@
 #include "concerto/driver/driver.h"
 #include "concerto/driver/options.h"
 #include "concerto/ir/json_io.h"
+#include "concerto/lower/evoformer.h"
 #include "concerto/lower/frontend.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/plan.h"
@@ -432,14 +433,29 @@ int CmdDemo(const std::string& trace, bool json) {
       std::cout << CompareTable(runs, bound, fmt::format("{} ({}) on {}", model, plan_text, name)) << "\n";
     }
     if (cluster == "a800-4x8" && !trace.empty()) {
-      const RunResult* best = &runs[0];
+      // The fastest run that fits the memory budget (any run when none does).
+      const RunResult* best = nullptr;
+      const bool any_fits = std::any_of(runs.begin(), runs.end(), [](const RunResult& r) { return r.summary.fits_memory; });
       for (const auto& r : runs)
-        if (r.summary.makespan_us < best->summary.makespan_us) best = &r;
+        if ((r.summary.fits_memory || !any_fits) && (!best || r.summary.makespan_us < best->summary.makespan_us))
+          best = &r;
       if (Status s = WriteFile(trace, ChromeTrace(best->scheduled, best->timeline)); !s.ok()) return Fail(s);
-      Progress("trace of '" + best->summary.scheduler + "' on " + name + " written to " + trace);
+      Progress("trace of '" + best->summary.scheduler + "' on " + name + " written to " + trace +
+               " (open it in https://ui.perfetto.dev or chrome://tracing)");
     }
   }
-  if (json) std::cout << DumpJson(all, 2) << "\n";
+  if (json) {
+    std::cout << DumpJson(all, 2) << "\n";
+    return 0;
+  }
+  std::cout << "Times are predictions of Concerto's cost model for the named cluster (docs/cost-model.md), not\n"
+               "measurements. Each row is one scheduler's policy on the same program; concerto is this tool.\n"
+               "Columns: iteration_ms one training step; vs_best against the fastest run that fits memory; exposed_comm_ms\n"
+               "communication nothing hides; overlap the share hidden; T/LB time over the lower bound (1.000: optimal).\n";
+  std::cout << (trace.empty() ? std::string("No file was written (--trace FILE writes the best a800-4x8 schedule's trace).\n")
+                              : "Trace of the best a800-4x8 schedule: " + trace + "\n");
+  std::cout << "Next: concerto compare --model llama-7b --plan dp=4,tp=8 --cluster h100-8x8  (other models: concerto "
+               "models;\n      clusters: concerto clusters; plans: concerto lower --help), or concerto --help.\n";
   return 0;
 }
 
@@ -792,11 +808,12 @@ int RealMain(int argc, char** argv) {
   lower->add_option("-o,--output", lower_out, "where to write the program")->required();
   lower->add_flag("--json", lower_json, "print one JSON object");
 
-  std::string demo_trace = "concerto_demo_trace.json";
+  std::string demo_trace;  // no file unless asked
   bool demo_json = false;
   auto* demo = app.add_subcommand(
       "demo", "GPT-1.3B (dp=4, tp=8) on a800-4x8 and commodity-4x8, every scheduler including concerto");
-  demo->add_option("--trace", demo_trace, "write the best a800-4x8 schedule's Chrome trace here")->capture_default_str();
+  demo->add_option("--trace", demo_trace,
+                   "write the Chrome trace of the fastest a800-4x8 schedule that fits memory here (default: no file)");
   demo->add_flag("--json", demo_json, "print one JSON object");
 
   auto* clusters = app.add_subcommand("clusters", "list the built-in cluster presets");
@@ -891,6 +908,15 @@ int RealMain(int argc, char** argv) {
                                "batch {}, {} parameters{}\n",
                                name, ToString(m->family), m->layers, m->hidden, m->heads, m->kv_heads, m->seq,
                                m->vocab, m->batch, count, experts);
+    }
+    for (const auto& name : EvoformerPresetNames()) {
+      Result<EvoformerConfig> e = EvoformerPreset(name);
+      if (!e.ok()) continue;
+      const double params =
+          static_cast<double>(e->blocks) * EvoformerBlockParameterCount(*e) + EvoformerHeadParameterCount(*e);
+      std::cout << fmt::format("{:<14} {:<6} {:>3} blocks, msa {} x {} residues, c_m {}, c_z {}, {:.2f}M parameters "
+                               "(plans: dp, dap)\n",
+                               name, "evoformer", e->blocks, e->n_seq, e->n_res, e->c_m, e->c_z, params / 1e6);
     }
     return 0;
   }
