@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: setup build demo test bench testbed clean sanitize
+.PHONY: setup build demo test bench testbed clean sanitize fuzz fuzz-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -38,6 +38,19 @@ sanitize: setup
 	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(SANITIZE_BUILD)/$$t --gtest_brief=1; \
 	done
+
+# libFuzzer targets (fuzz/, docs/fuzzing.md), built with clang and ASan +
+# UBSan; fuzz-smoke runs each for FUZZ_SECONDS (60) and fails on any finding.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?= fuzz_program fuzz_schedule fuzz_plan fuzz_cluster fuzz_sharding fuzz_model
+fuzz:
+	@bash scripts/setup.sh clang
+	CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DCONCERTO_FUZZ=ON
+	cmake --build $(FUZZ_BUILD) -j $(JOBS) --target $(FUZZ_TARGETS)
+
+fuzz-smoke: fuzz
+	bash scripts/fuzz.sh $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # The emulated 1 Gbit/s cluster (root): measured vs simulated iteration times (docs/results.md).
 testbed: build

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs Concerto's build dependencies from Debian packages. Idempotent: runs
 # apt-get update at most once per call, and only when something is missing.
+# Arguments: extra packages to install too (scripts/setup.sh clang).
 set -euo pipefail
 PKGS=(g++ make cmake ninja-build pkg-config
       nlohmann-json3-dev libcli11-dev libfmt-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libgecode-dev coinor-libcbc-dev libopenblas-dev
       openmpi-bin libopenmpi-dev)
+# Extra packages a target needs (make fuzz: clang, with libFuzzer).
+PKGS+=("$@")
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

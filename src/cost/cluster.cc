@@ -416,12 +416,18 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
 Result<ClusterSpec> LoadClusterFile(const std::string& path) {
   Result<std::string> text = ReadInputFile(path, "cluster file", kMaxSmallInputBytes);
   if (!text.ok()) return text.status();
+  return ParseCluster(*text, path, EndsWith(path, ".json"));
+}
+
+}  // namespace
+
+Result<ClusterSpec> ParseCluster(const std::string& text, const std::string& path, bool json) {
   FileNode root;
   try {
-    if (EndsWith(path, ".json")) {
-      root = FromJson(nlohmann::json::parse(*text));
+    if (json) {
+      root = FromJson(nlohmann::json::parse(text));
     } else {
-      root = FromYaml(YAML::Load(*text));
+      root = FromYaml(YAML::Load(text));
     }
   } catch (const YAML::Exception& e) {
     return Status::Error(path + ": YAML parse error: " + e.what());
@@ -437,7 +443,6 @@ Result<ClusterSpec> LoadClusterFile(const std::string& path) {
   return spec;
 }
 
-}  // namespace
 
 std::vector<std::string> ClusterPresetNames() {
   std::vector<std::string> names;

@@ -3,6 +3,9 @@
 
 #include <algorithm>
 #include <map>
+#include <string>
+#include <tuple>
+#include <vector>
 
 #include "concerto/ir/graph_index.h"
 #include "concerto/sim/memory.h"
@@ -176,6 +179,65 @@ json SummaryJson(const Summary& s) {
   return j;
 }
 
+namespace {
+
+/// Flow arrows (Chrome "s"/"t"/"f" events) from each send to the recv it
+/// meets (the k-th of a (source, destination, tag) in program order on both
+/// ends) and through the members of each collective (the same op name, the
+/// k-th time on that group, one arrow through the members in rank order).
+/// Only simulated ranks have records: with one rank per role, arrows join
+/// roles; --all-ranks shows every member.
+std::vector<json> FlowEvents(const Program& p, const Timeline& timeline) {
+  std::map<std::tuple<int, int, int>, std::vector<std::pair<int, int>>> sends, recvs;  // (op index, record)
+  std::map<std::pair<std::vector<int>, std::string>, std::vector<std::pair<int, int>>> members;  // (rank, record)
+  std::map<std::tuple<int, std::vector<int>, std::string>, int> seen;  // occurrences per (rank, group, name)
+  for (size_t k = 0; k < timeline.records.size(); ++k) {
+    const OpRecord& r = timeline.records[k];
+    const Op& op = OpOfRecord(p, r);
+    if (op.kind == OpKind::kSend) {
+      sends[{r.rank, PeerRank(p.mesh, op.peer, r.rank), op.tag}].push_back({r.op_index, static_cast<int>(k)});
+    } else if (op.kind == OpKind::kRecv) {
+      recvs[{PeerRank(p.mesh, op.peer, r.rank), r.rank, op.tag}].push_back({r.op_index, static_cast<int>(k)});
+    } else if (op.kind == OpKind::kCollective) {
+      std::vector<int> group = GroupRanks(p.mesh, op.group, r.rank);
+      if (group.size() < 2) continue;
+      const int nth = seen[{r.rank, group, op.name}]++;
+      members[{group, op.name + "#" + std::to_string(nth)}].push_back({r.rank, static_cast<int>(k)});
+    }
+  }
+  std::vector<json> out;
+  int id = 0;
+  auto point = [&](const char* ph, int record, const std::string& name, const char* cat) {
+    const OpRecord& r = timeline.records[record];
+    json e = {{"name", name}, {"cat", cat}, {"ph", ph}, {"id", id}, {"pid", r.rank}, {"tid", r.stream},
+              {"ts", r.start_us}};
+    if (std::string(ph) != "s") e["bp"] = "e";
+    out.push_back(std::move(e));
+  };
+  for (auto& [key, s] : sends) {
+    auto it = recvs.find(key);
+    if (it == recvs.end()) continue;
+    std::vector<std::pair<int, int>>& r = it->second;
+    std::sort(s.begin(), s.end());
+    std::sort(r.begin(), r.end());
+    for (size_t k = 0; k < std::min(s.size(), r.size()); ++k, ++id) {
+      point("s", s[k].second, "send -> recv", "p2p");
+      point("f", r[k].second, "send -> recv", "p2p");
+    }
+  }
+  for (auto& [key, m] : members) {
+    if (m.size() < 2) continue;
+    std::sort(m.begin(), m.end());
+    const std::string name = "collective " + key.second.substr(0, key.second.rfind('#'));
+    for (size_t k = 0; k < m.size(); ++k)
+      point(k == 0 ? "s" : k + 1 == m.size() ? "f" : "t", m[k].second, name, "collective");
+    ++id;
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string ChromeTrace(const ScheduledProgram& sp, const Timeline& timeline) {
   const Program& p = sp.program;
   json events = json::array();
@@ -188,7 +250,16 @@ std::string ChromeTrace(const ScheduledProgram& sp, const Timeline& timeline) {
       events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", s},
                         {"args", {{"name", g.streams[s]}}}});
   }
-  for (const auto& r : timeline.records) {
+  // Per rank, when compute runs (communication outside it is exposed), and
+  // the records on the critical path.
+  std::map<int, std::vector<Interval>> compute_cover;
+  for (const auto& r : timeline.records)
+    if (!OpOfRecord(p, r).IsComm()) compute_cover[r.rank].push_back({r.start_us, r.end_us});
+  for (auto& [rank, intervals] : compute_cover) intervals = Union(std::move(intervals));
+  std::vector<bool> critical(timeline.records.size(), false);
+  for (int k : timeline.critical_path) critical[k] = true;
+  for (size_t k = 0; k < timeline.records.size(); ++k) {
+    const OpRecord& r = timeline.records[k];
     const Op& op = OpOfRecord(p, r);
     json args = {{"id", op.id}, {"kind", ToString(op.kind)}, {"phase", ToString(op.tags.phase)}};
     if (op.tags.layer >= 0) args["layer"] = op.tags.layer;
@@ -203,9 +274,24 @@ std::string ChromeTrace(const ScheduledProgram& sp, const Timeline& timeline) {
       if (!op.tags.purpose.empty()) args["purpose"] = op.tags.purpose;
       if (!op.fused_from.empty()) args["fused_ops"] = op.fused_from.size();
     }
-    events.push_back({{"name", op.name}, {"cat", ToString(op.kind)}, {"ph", "X"}, {"pid", r.rank},
-                      {"tid", r.stream}, {"ts", r.start_us}, {"dur", r.end_us - r.start_us}, {"args", args}});
+    // Colours (Chrome's reserved names): exposed communication red,
+    // other critical-path ops yellow.
+    std::string colour;
+    if (op.IsComm()) {
+      const double exposed = Uncovered(r.start_us, r.end_us, compute_cover[r.rank]);
+      args["exposed_us"] = exposed;
+      if (exposed > 1e-9) colour = "terrible";
+    }
+    if (critical[k]) {
+      args["critical_path"] = true;
+      if (colour.empty()) colour = "yellow";
+    }
+    json event = {{"name", op.name}, {"cat", ToString(op.kind)}, {"ph", "X"}, {"pid", r.rank}, {"tid", r.stream},
+                  {"ts", r.start_us}, {"dur", r.end_us - r.start_us}, {"args", args}};
+    if (!colour.empty()) event["cname"] = colour;
+    events.push_back(std::move(event));
   }
+  for (json& flow : FlowEvents(p, timeline)) events.push_back(std::move(flow));
   // A memory counter track per rank (live bytes over time, sim/memory.h).
   for (const MemoryCurve& c : MemoryCurves(p, timeline))
     for (const auto& [t, bytes] : c.points)

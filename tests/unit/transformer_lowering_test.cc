@@ -202,7 +202,7 @@ TEST(Models, SpecErrorsNameFileAndField) {
   EXPECT_HAS(missing.status().message(), "not a preset (gpt-tiny,");
   Result<ModelConfig> unreadable = LoadModelFile("/nonexistent/model.yaml");
   ASSERT_FALSE(unreadable.ok());
-  EXPECT_HAS(unreadable.status().message(), "/nonexistent/model.yaml: cannot read");
+  EXPECT_HAS(unreadable.status().message(), "/nonexistent/model.yaml: no such model spec file");
 }
 
 TEST(Models, ValidateModelNamesTheConstraint) {
@@ -818,7 +818,9 @@ TEST(Recompute, SelectiveRerunsTheAttentionCoreBeforeItsGrad) {
   EXPECT_EQ(rc->id + 1, grad->id);
   // Without recomputation the grad reads the forward's output.
   for (const Op& op : none.ops)
-    if (op.name == "L0.attn.core.grad") EXPECT_EQ(op.inputs[4], "L0.attn.core.out");
+    if (op.name == "L0.attn.core.grad") {
+      EXPECT_EQ(op.inputs[4], "L0.attn.core.out");
+    }
 }
 
 }  // namespace

@@ -358,8 +358,23 @@ Result<Program> ProgramFromArgs(const std::string& file, const std::string& mode
   return LowerModelPlan(model, plan_text);
 }
 
+/// One Chrome trace per run in `dir` (created if missing): DIR/<scheduler>.trace.json.
+Status WriteTraces(const std::vector<RunResult>& runs, const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::Error(dir + ": cannot create the trace directory: " + ec.message());
+  for (const RunResult& r : runs) {
+    const std::string path = (std::filesystem::path(dir) / (r.summary.scheduler + ".trace.json")).string();
+    CONCERTO_RETURN_IF_ERROR(WriteFile(path, ChromeTrace(r.scheduled, r.timeline)));
+  }
+  Progress(fmt::format("{} traces written to {}/ (<scheduler>.trace.json; open in https://ui.perfetto.dev)",
+                       runs.size(), dir));
+  return Status::Ok();
+}
+
 int CmdCompare(const std::string& file, const std::string& model, const std::string& plan_text,
-               const CommonFlags& flags, std::vector<std::string> schedulers, const std::string& sharding) {
+               const CommonFlags& flags, std::vector<std::string> schedulers, const std::string& sharding,
+               const std::string& trace_dir) {
   std::string label;
   Result<Program> program = ProgramFromArgs(file, model, plan_text, &label, sharding);
   if (!program.ok()) return Fail(program.status());
@@ -368,6 +383,8 @@ int CmdCompare(const std::string& file, const std::string& model, const std::str
   LowerBound bound;
   std::string cluster;
   if (Status s = RunCompare(*program, flags, schedulers, &runs, &bound, &cluster); !s.ok()) return Fail(s);
+  if (!trace_dir.empty())
+    if (Status s = WriteTraces(runs, trace_dir); !s.ok()) return Fail(s);
   if (flags.json) {
     nlohmann::json j = CompareJson(runs, bound, cluster);
     j["program"] = label;
@@ -462,7 +479,7 @@ int CmdDemo(const std::string& trace, bool json) {
 // ---- run ----
 struct RunFlags {
   std::string file;
-  std::string model, plan;
+  std::string model, plan = "dp=1";  // the same default as lower and compare
   std::string schedule_file;
   std::string scheduler;
   int ranks = 0;  // 0: the program's
@@ -787,17 +804,22 @@ int RealMain(int argc, char** argv) {
           ->capture_default_str();
   compare->add_option("--sharding", compare_sharding, "per-op sharding file (JSON) for --model, instead of --plan")
       ->excludes(compare_plan_opt);
+  std::string compare_trace_dir;
+  compare->add_option("--trace", compare_trace_dir,
+                      "write one Chrome trace per scheduler into this directory (DIR/<scheduler>.trace.json)");
   compare->add_option("--schedulers", compare_schedulers, "schedulers to run (default: all)")
       ->delimiter(',')
       ->check(CLI::IsMember(SchedulerNames()));
   AddCommonFlags(compare, flags);
 
-  std::string lower_model = "gpt-1.3b", lower_plan = "dp=4,tp=8", lower_out;
+  // One default per option across commands: --plan is dp=1 in lower, compare
+  // and run; --model has none (lower needs one, the others take FILE instead).
+  std::string lower_model, lower_plan = "dp=1", lower_out;
   bool lower_json = false;
   auto* lower = app.add_subcommand("lower", "lower a model preset under a parallel plan to an IR file");
   lower->add_option("--model", lower_model,
                     "model preset (" + fmt::format("{}", fmt::join(AllModelPresetNames(), ", ")) + ") or a .yaml/.json model spec")
-      ->capture_default_str();
+      ->required();
   std::string lower_sharding;
   auto* lower_plan_opt =
       lower->add_option("--plan", lower_plan,
@@ -824,7 +846,8 @@ int RealMain(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "execute a program with its schedule for real (MPI processes or threads)");
   run->add_option("FILE", rf.file, "program in the IR's JSON form (or use --model and --plan)");
   run->add_option("--model", rf.model, "lower this model preset or spec file (also names the --check reference)");
-  run->add_option("--plan", rf.plan, "parallel plan for --model, e.g. dp=2");
+  run->add_option("--plan", rf.plan, "parallel plan for --model, e.g. dp=2, or a plan file (YAML/JSON)")
+      ->capture_default_str();
   auto* run_schedule = run->add_option("--schedule", rf.schedule_file, "run this schedule file (it is verified first)");
   run->add_option("--scheduler", rf.scheduler, "make the schedule with this scheduler (default fifo)")
       ->check(CLI::IsMember(SchedulerNames()))
@@ -880,7 +903,8 @@ int RealMain(int argc, char** argv) {
       std::fprintf(stderr, "concerto compare: give either a program FILE or --model (with --plan)\n");
       return kExitUsage;
     }
-    return CmdCompare(compare_file, compare_model, compare_plan, flags, compare_schedulers, compare_sharding);
+    return CmdCompare(compare_file, compare_model, compare_plan, flags, compare_schedulers, compare_sharding,
+                      compare_trace_dir);
   }
   if (*schedule) return CmdSchedule(schedf, flags);
   if (*lower) return CmdLower(lower_model, lower_plan, lower_out, lower_json, lower_sharding);
@@ -921,12 +945,12 @@ int RealMain(int argc, char** argv) {
     return 0;
   }
   if (*run) {
-    if (rf.file.empty() == rf.model.empty() || (!rf.model.empty() && rf.plan.empty())) {
-      std::fprintf(stderr, "concerto run: give either a program FILE or --model with --plan\n");
+    if (rf.file.empty() == rf.model.empty()) {
+      std::fprintf(stderr, "concerto run: give either a program FILE or --model (with --plan, default dp=1)\n");
       return kExitUsage;
     }
-    if (rf.check && (rf.model.empty() || rf.plan.empty())) {
-      std::fprintf(stderr, "concerto run: --check needs --model and --plan (they define the unsharded reference)\n");
+    if (rf.check && rf.model.empty()) {
+      std::fprintf(stderr, "concerto run: --check needs --model (with --plan, they define the unsharded reference)\n");
       return kExitUsage;
     }
     return CmdRun(rf);

@@ -97,6 +97,9 @@ struct ClusterSpec {
 std::vector<std::string> ClusterPresetNames();
 /// A preset by name, or a spec file (.yaml, .yml, .json) by path.
 Result<ClusterSpec> LoadCluster(const std::string& name_or_path);
+/// A cluster file's text (YAML, or JSON when `json`), read and validated;
+/// errors start with `source`. LoadCluster reads files through it.
+Result<ClusterSpec> ParseCluster(const std::string& text, const std::string& source, bool json);
 /// Checks a spec's values (positive sizes, finite bandwidths); names the field.
 Status ValidateCluster(const ClusterSpec& spec, const std::string& source);
 /// The spec as JSON in the cluster-file format (LoadCluster reads it back unchanged).
