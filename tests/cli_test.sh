@@ -62,6 +62,10 @@ for field in incumbent_makespan_us final_makespan_us lower_bound_us gap rounds_r
     search_seconds peak_memory_bytes incumbent_peak_memory_bytes memory_budget_bytes windows objective_us status; do
   contains "schedule_json_has_$field" "$TMP/out" "\"$field\""
 done
+# simulate with concerto: progress on stderr (a long search is never silent) and the search's report in --json.
+check simulate_concerto_json 0 "$BIN" simulate "$TMP/tiny.json" --scheduler concerto --rounds 1 --json
+contains simulate_concerto_report "$TMP/out" '"incumbent_makespan_us"'
+contains simulate_concerto_progress "$TMP/err" "incumbent: best baseline"
 check schedule_memory_budget_infeasible 1 "$BIN" schedule "$TMP/tiny.json" --cluster a800-4x8 --memory-budget 1 -o "$TMP/c.json"
 contains schedule_memory_budget_message "$TMP/err" "the lowest peak any starting schedule reaches is"
 check write_schedule 0 "$BIN" simulate "$TMP/tiny.json" --scheduler megatron --write-schedule "$TMP/s.json" --write-program "$TMP/p.json"

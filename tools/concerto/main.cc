@@ -191,7 +191,7 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
     run = RunGivenSchedule(*program, *schedule, **cost, *options);
   } else {
     Progress("scheduling with '" + sf.scheduler + "' and simulating");
-    run = RunScheduler(*program, sf.scheduler, **cost, *options, hook);
+    run = RunScheduler(*program, sf.scheduler, **cost, *options, hook, Progress);
   }
   if (!run.ok()) return Fail(run.status());
   if (!sf.trace.empty()) {
@@ -206,6 +206,8 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
   if (flags.json) {
     nlohmann::json j = SummaryJson(s);
     j["cluster"] = (*cost)->cluster().name;
+    if (run->concerto) j["concerto"] = ConcertoReportJson(*run->concerto);
+    if (run->decompose) j["decompose"] = DecomposeReportJson(*run->decompose);
     std::cout << DumpJson(j, 2) << "\n";
     return 0;
   }
