@@ -197,13 +197,9 @@ bool ShardingGlobMatch(const std::string& pattern, const std::string& name) {
 }
 
 Result<ShardingPlan> ParseShardingPlan(const std::string& text, const std::string& source) {
-  ojson root;
-  try {
-    root = ojson::parse(text);
-  } catch (const ojson::parse_error& e) {
-    return Status::Error(MalformedJsonMessage(text, source, e.byte, e.what()));
-  }
-  return ShardingParser(root, source).Parse();
+  Result<ojson> root = ParseJsonDocument<ojson>(text, source);
+  if (!root.ok()) return root.status();
+  return ShardingParser(*root, source).Parse();
 }
 
 Result<ShardingPlan> LoadShardingPlan(const std::string& path) {

@@ -1,4 +1,5 @@
 #include "concerto/schedule/schedule.h"
+#include "concerto/ir/json_io.h"
 #include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
@@ -114,12 +115,9 @@ Status Field<std::vector<int>>(const json& j, const char* key, const std::string
 }  // namespace
 
 Result<Schedule> ParseSchedule(const std::string& text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    return Status::Error(source + ": malformed JSON: " + e.what());
-  }
+  Result<json> parsed = ParseJsonDocument<json>(text, source);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
   Schedule s;
   std::string format;
   CONCERTO_RETURN_IF_ERROR(Field(j, "format", source, &format));

@@ -223,5 +223,20 @@ TEST(ReaderRobustness, ModelSizesAreBoundedBeforeLowering) {
   EXPECT_TRUE(LoadModel(WriteTemp("fine.yaml", base + "hidden: 1024\n")).ok());
 }
 
+TEST(ReaderRobustness, NumbersPastADoubleAreErrorsInEveryJsonReader) {
+  // Found by fuzz_schedule: 33333333e3333333333333333 threw nlohmann's
+  // out_of_range past the readers' parse_error handlers (an abort). Every
+  // JSON reader now parses through ParseJsonDocument.
+  const std::string huge = "33333333e3333333333333333";
+  ExpectErrorContains(ParseSchedule("{\"format\": \"concerto-schedule\", \"roles\": [" + huge + "]}", "s.json").status(),
+                      "s.json: malformed JSON: number overflow parsing '" + huge + "'");
+  ExpectErrorContains(ParseShardingPlan("{\"mesh\": {\"dp\": " + huge + "}}", "h.json").status(),
+                      "h.json: malformed JSON: number overflow");
+  ExpectErrorContains(ParseProgram("{\"format\": " + huge + "}", "p.json").status(), "p.json");
+  ExpectErrorContains(ParseCluster("{\"nodes\": " + huge + "}", "c.json", true).status(), "c.json");
+  ExpectErrorContains(ParseJsonDocument<nlohmann::json>("[1e999]", "d.json").status(), "d.json: malformed JSON");
+  ExpectErrorContains(ParseJsonDocument<nlohmann::json>("[1,", "d.json").status(), "d.json:1:4: malformed JSON");
+}
+
 }  // namespace
 }  // namespace concerto
