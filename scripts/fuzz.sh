@@ -6,7 +6,7 @@
 #   scripts/fuzz.sh BUILD SECONDS [TARGET...]
 #
 # Prints one line per target (runs, coverage, corpus size, crashes) and one
-# JSON object per target to BUILD/fuzz-report.jsonl. Exits 1 when a target
+# JSON object per target appended to BUILD/fuzz-report.jsonl. Exits 1 when a target
 # found a crash, leak or timeout (its reproducer is in BUILD/fuzz-artifacts/).
 set -uo pipefail
 BUILD=${1:?usage: scripts/fuzz.sh BUILD SECONDS [TARGET...]}
@@ -17,7 +17,6 @@ TARGETS=("$@")
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SEEDS="$BUILD/fuzz-seeds"
 mkdir -p "$BUILD/fuzz-artifacts"
-: >"$BUILD/fuzz-report.jsonl"
 
 # Copies FILES into DIR, each prefixed with the byte PREFIX (octal) when given:
 # the plan and cluster targets read their first byte as a selector.
@@ -33,20 +32,28 @@ seed() {  # seed DIR PREFIX FILES...
     fi
   done
 }
-rm -rf "$SEEDS"
-seed "$SEEDS/fuzz_program" "" "$ROOT"/examples/ir/*.json "$ROOT"/tests/errors/*.json "$ROOT"/tests/golden/*.json
-seed "$SEEDS/fuzz_schedule" "" "$ROOT"/fuzz/seeds/schedule/*.json
-seed "$SEEDS/fuzz_plan" "000" "$ROOT"/fuzz/seeds/plan/*.txt
-seed "$SEEDS/fuzz_plan" "001" "$ROOT"/examples/plans/*.yaml
-seed "$SEEDS/fuzz_cluster" "000" "$ROOT"/examples/clusters/*.yaml "$ROOT"/tests/golden/clusters/*.yaml
-seed "$SEEDS/fuzz_cluster" "001" "$ROOT"/examples/clusters/*.json "$ROOT"/tests/golden/clusters/*.json
-seed "$SEEDS/fuzz_sharding" "" "$ROOT"/examples/plans/*.json "$ROOT"/tests/errors/sharding_*.json
-seed "$SEEDS/fuzz_model" "" "$ROOT"/examples/models/*.yaml
+# The seeds of one target (rebuilt each run; several runs of different
+# targets may go at once).
+seed_target() {  # seed_target TARGET
+  rm -rf "${SEEDS:?}/$1"
+  case "$1" in
+    fuzz_program) seed "$SEEDS/$1" "" "$ROOT"/examples/ir/*.json "$ROOT"/tests/errors/*.json "$ROOT"/tests/golden/*.json ;;
+    fuzz_schedule) seed "$SEEDS/$1" "" "$ROOT"/fuzz/seeds/schedule/*.json ;;
+    fuzz_plan) seed "$SEEDS/$1" "000" "$ROOT"/fuzz/seeds/plan/*.txt
+               seed "$SEEDS/$1" "001" "$ROOT"/examples/plans/*.yaml ;;
+    fuzz_cluster) seed "$SEEDS/$1" "000" "$ROOT"/examples/clusters/*.yaml "$ROOT"/tests/golden/clusters/*.yaml
+                  seed "$SEEDS/$1" "001" "$ROOT"/examples/clusters/*.json "$ROOT"/tests/golden/clusters/*.json ;;
+    fuzz_sharding) seed "$SEEDS/$1" "" "$ROOT"/examples/plans/*.json "$ROOT"/tests/errors/sharding_*.json ;;
+    fuzz_model) seed "$SEEDS/$1" "" "$ROOT"/examples/models/*.yaml ;;
+    *) echo "fuzz: unknown target $1" >&2; exit 2 ;;
+  esac
+}
 
 failed=0
 for t in "${TARGETS[@]}"; do
   bin="$BUILD/$t"
   [[ -x "$bin" ]] || { echo "fuzz: $bin not built (make fuzz)" >&2; exit 2; }
+  seed_target "$t"
   corpus="$BUILD/fuzz-corpus/$t"
   mkdir -p "$corpus"
   log="$BUILD/fuzz-$t.log"
@@ -61,8 +68,8 @@ for t in "${TARGETS[@]}"; do
   found=$(grep -cE 'ERROR: (AddressSanitizer|LeakSanitizer|libFuzzer)|runtime error:|==ERROR' "$log")
   printf '%-14s %10s runs  cov %6s  ft %7s  corpus %6s  exit %d%s\n' "$t" "${runs:-?}" "${cov:-?}" "${ft:-?}" \
     "$files" "$rc" "$( ((rc != 0)) && echo "  FOUND: see $log" )"
-  printf '{"target": "%s", "seconds": %s, "runs": %s, "coverage_edges": %s, "features": %s, "corpus_files": %s, "exit": %d}\n' \
-    "$t" "$SECONDS_EACH" "${runs:-0}" "${cov:-0}" "${ft:-0}" "$files" "$rc" >>"$BUILD/fuzz-report.jsonl"
+  printf '{"date": "%s", "target": "%s", "seconds": %s, "runs": %s, "coverage_edges": %s, "features": %s, "corpus_files": %s, "exit": %d}\n' \
+    "$(date -u +%FT%TZ)" "$t" "$SECONDS_EACH" "${runs:-0}" "${cov:-0}" "${ft:-0}" "$files" "$rc" >>"$BUILD/fuzz-report.jsonl"
   ((rc == 0)) || failed=1
   ((found == 0)) || failed=1
 done
