@@ -3,6 +3,8 @@
 // orders by different ranks, unmatched sends.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "concerto/schedule/schedule.h"
 
 namespace concerto {
@@ -99,22 +101,32 @@ TEST(ScheduleVerifier, OpsStayOnTheirOwnStream) {
   EXPECT_TRUE(Contains(v, "op 2 'ar' belongs on stream 'comm', not 'compute'"));
 }
 
-TEST(ScheduleVerifier, CollectivesInDifferentOrdersAcrossRoles) {
-  // Two roles (one rank each) issue two all-reduces of different sizes on the
-  // same group in opposite orders: a real run would hang.
+/// dp=2 with one role per rank; role r runs graph "g<r>" over tensors x, y,
+/// u, v with the ops `ops_of(r)`.
+Program TwoRoles(const std::function<std::vector<Op>(int)>& ops_of) {
   Program p;
   p.mesh.axes = {{"dp", 2}};
   for (int r = 0; r < 2; ++r) {
     Graph g;
     g.name = "g" + std::to_string(r);
     g.tensors = {T("x"), T("y"), T("u"), T("v")};
-    Op first = AllReduce(0, "ar_small", "x", "y", 16);
-    Op second = AllReduce(1, "ar_big", "u", "v", 64);
-    if (r == 1) std::swap(first.id, second.id);
-    g.ops = r == 0 ? std::vector<Op>{first, second} : std::vector<Op>{second, first};
+    g.streams = {"compute", "comm"};
+    g.ops = ops_of(r);
     p.graphs.push_back(g);
     p.roles.push_back({"r" + std::to_string(r), g.name, {r}});
   }
+  return p;
+}
+
+TEST(ScheduleVerifier, CollectivesInDifferentOrdersAcrossRoles) {
+  // Two roles (one rank each) issue two all-reduces of different sizes on the
+  // same group in opposite orders: a real run would hang.
+  Program p = TwoRoles([](int r) {
+    Op first = AllReduce(0, "ar_small", "x", "y", 16);
+    Op second = AllReduce(1, "ar_big", "u", "v", 64);
+    if (r == 1) std::swap(first.id, second.id);
+    return r == 0 ? std::vector<Op>{first, second} : std::vector<Op>{second, first};
+  });
   auto v = VerifySchedule(p, ProgramOrderSchedule(p, "x"));
   EXPECT_TRUE(Contains(v, "collective order differs on group {0,1,}")) << (v.empty() ? "" : v[0]);
 }
@@ -123,17 +135,9 @@ TEST(ScheduleVerifier, CollectivesOfOneTypeAndSizeInDifferentOrdersAcrossRoles) 
   // Two roles issue two all-reduces of the same type and size on one group in
   // opposite orders: nothing would hang, but rank 0's 'grad.a' would be
   // summed with rank 1's 'grad.b'. The names are the identity that must meet.
-  Program p;
-  p.mesh.axes = {{"dp", 2}};
-  for (int r = 0; r < 2; ++r) {
-    Graph g;
-    g.name = "g" + std::to_string(r);
-    g.tensors = {T("x"), T("y"), T("u"), T("v")};
-    g.streams = {"compute", "comm"};
-    g.ops = {AllReduce(0, "grad.a", "x", "y", 16), AllReduce(1, "grad.b", "u", "v", 16)};
-    p.graphs.push_back(g);
-    p.roles.push_back({"r" + std::to_string(r), g.name, {r}});
-  }
+  Program p = TwoRoles([](int) {
+    return std::vector<Op>{AllReduce(0, "grad.a", "x", "y", 16), AllReduce(1, "grad.b", "u", "v", 16)};
+  });
   Schedule s = ProgramOrderSchedule(p, "x");
   EXPECT_TRUE(VerifySchedule(p, s).empty());  // same order: they meet by name
   for (auto& so : s.roles[1].streams)
