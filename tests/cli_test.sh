@@ -114,6 +114,19 @@ printf '{"format": "concerto-schedule", "scheduler": "hand", "roles": [{"role": 
 check run_refuses_bad_schedule 1 "$BIN" run "$EX" --schedule "$TMP/bad.schedule.json"
 contains run_refusal_names_verifier "$TMP/err" "fails verification"
 check run_needs_program 2 "$BIN" run --in-process
+# One pipeline (driver/job.h): `run --scheduler concerto` executes the schedule
+# `simulate --scheduler concerto` simulates, with the same options.
+check run_same_lower 0 "$BIN" lower --model gpt-tiny --plan dp=2 -o "$TMP/tiny_dp2.json"
+check run_same_simulate 0 "$BIN" simulate "$TMP/tiny_dp2.json" --scheduler concerto --cluster commodity-4x8 --block 40 \
+  --write-schedule "$TMP/sim.schedule.json" --write-program "$TMP/sim.program.json"
+check run_same_run 0 "$BIN" run "$TMP/tiny_dp2.json" --in-process --scheduler concerto --cluster commodity-4x8 --block 40 \
+  --write-schedule "$TMP/run.schedule.json" --write-program "$TMP/run.program.json"
+contains run_prints_prediction "$TMP/out" "predicted "
+if cmp -s "$TMP/sim.schedule.json" "$TMP/run.schedule.json" && cmp -s "$TMP/sim.program.json" "$TMP/run.program.json"; then
+  echo "ok   run_executes_the_simulated_schedule"
+else
+  echo "FAIL run_executes_the_simulated_schedule: run and simulate wrote different schedules"; fails=$((fails+1))
+fi
 check run_check_needs_model 2 "$BIN" run "$EX" --check
 check run_wrong_ranks 1 "$BIN" run "$EX" -n 3 --in-process
 contains run_wrong_ranks_message "$TMP/err" "the program needs 2 ranks"

@@ -562,11 +562,11 @@ Timeline MakeMeasuredTimeline(const Program& program,
   return tl;
 }
 
-Result<RunResult> RunInProcess(const ScheduledProgram& sp, const RunOptions& options) {
+Result<ExecutionResult> RunInProcess(const ScheduledProgram& sp, const RunOptions& options) {
   return RunInProcessSteps(sp, options, 1);
 }
 
-Result<RunResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions& options, int steps,
+Result<ExecutionResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions& options, int steps,
                                     std::vector<std::vector<std::vector<OpRecord>>>* per_step) {
   if (steps < 1) return Status::Error("steps must be at least 1, got " + std::to_string(steps));
   CONCERTO_RETURN_IF_ERROR(CheckRunnable(sp));
@@ -604,7 +604,7 @@ Result<RunResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions
   if (!reason.empty()) return Status::Error(reason);
   for (int r = 0; r < n; ++r)
     if (!status[r].ok()) return status[r];
-  RunResult out;
+  ExecutionResult out;
   out.ranks = std::move(tensors);
   out.peak_memory_bytes = std::move(peaks);
   std::vector<std::vector<OpRecord>> last(n);

@@ -107,8 +107,8 @@ double MaxAbs(const std::vector<float>& v) {
 
 /// The gradient and parameter checks of Adam op `adam` (grad: input 1;
 /// updated parameter: output 0).
-Status CheckParameter(const ScheduledProgram& ref_sp, const RunResult& ref_run,
-                      const ScheduledProgram& sp, const RunResult& run, const std::string& adam,
+Status CheckParameter(const ScheduledProgram& ref_sp, const ExecutionResult& ref_run,
+                      const ScheduledProgram& sp, const ExecutionResult& run, const std::string& adam,
                       const Tolerance& tol, const std::vector<SegmentedLayout>& layouts,
                       std::vector<TensorCheck>* grads, std::vector<TensorCheck>* params) {
   const std::string param = adam.size() > 5 && adam.compare(adam.size() - 5, 5, ".adam") == 0
@@ -168,7 +168,7 @@ std::string ReferenceReport::Summary() const {
          " parameters, worst error " + Num(worst_param) + " (" + param_name + ")";
 }
 
-Result<double> StepLoss(const ScheduledProgram& sp, const RunResult& run) {
+Result<double> StepLoss(const ScheduledProgram& sp, const ExecutionResult& run) {
   const Program& p = sp.program;
   double sum = 0;
   int count = 0;
@@ -186,7 +186,7 @@ Result<double> StepLoss(const ScheduledProgram& sp, const RunResult& run) {
   return sum / count;
 }
 
-Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const RunResult& run,
+Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const ExecutionResult& run,
                                     const std::string& op_name, bool output, int position,
                                     const std::vector<SegmentedLayout>& layouts) {
   const Program& p = sp.program;
@@ -235,8 +235,8 @@ Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const RunResult&
   return gt;
 }
 
-Result<ReferenceReport> CompareToReference(const ScheduledProgram& ref_sp, const RunResult& ref_run,
-                                           const ScheduledProgram& sp, const RunResult& run,
+Result<ReferenceReport> CompareToReference(const ScheduledProgram& ref_sp, const ExecutionResult& ref_run,
+                                           const ScheduledProgram& sp, const ExecutionResult& run,
                                            const Tolerance& tolerance,
                                            const std::vector<SegmentedLayout>& layouts) {
   ReferenceReport report;

@@ -61,4 +61,13 @@ Result<std::string> ReadInputFile(const std::string& path, std::string_view what
   return text;
 }
 
+Status WriteTextFile(const std::string& path, std::string_view text) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) return Status::Error(path + ": cannot open for writing");
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.close();
+  if (!out) return Status::Error(path + ": write failed");
+  return Status::Ok();
+}
+
 }  // namespace concerto

@@ -225,11 +225,11 @@ void ExpectMatchesReference(const std::string& plan_text, int min_producer, int 
   const int64_t d = model.hidden / model.heads;
   run_options.init.layouts = {FusedQkvLayout(model.hidden, int64_t{model.kv_heads} * d)};
   const ScheduledProgram ref_sp = RunBaseline("fifo", reference, cost).value();
-  Result<RunResult> ref_run = RunInProcess(ref_sp, run_options);
+  Result<ExecutionResult> ref_run = RunInProcess(ref_sp, run_options);
   ASSERT_TRUE(ref_run.ok()) << ref_run.status().message();
   for (const std::string scheduler : {"fifo", "megatron"}) {
     const ScheduledProgram sp = RunBaseline(scheduler, program, cost).value();
-    Result<RunResult> run = RunInProcess(sp, run_options);
+    Result<ExecutionResult> run = RunInProcess(sp, run_options);
     ASSERT_TRUE(run.ok()) << run.status().message();
     Result<ReferenceReport> cmp =
         CompareToReference(ref_sp, *ref_run, sp, *run, Tolerance{}, run_options.init.layouts);

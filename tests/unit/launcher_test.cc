@@ -1,6 +1,7 @@
 // The launcher of `concerto run`: the mpirun command line (through a fake
-// process runner), job preparation and refusal before launch, and the
-// measured-iteration summary.
+// process runner), packing a scheduled program for other ranks, the
+// measured-iteration summary and flight records. Job preparation (the
+// driver's pipeline) is tested in job_test.cc.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -114,41 +115,11 @@ TEST(FindMpiWorker, NamesTheMissingPath) {
   EXPECT_NE(w.status().message().find("/nonexistent-dir/concerto_mpi_run"), std::string::npos);
 }
 
-TEST(PrepareJob, RefusesAScheduleThatFailsVerificationBeforeLaunch) {
-  // The schedule lists op 0 on the comm stream and leaves out every other op.
-  const std::string path = testing::TempDir() + "/bad.schedule.json";
-  {
-    std::ofstream out(path);
-    out << R"({"format": "concerto-schedule", "scheduler": "hand",
-               "roles": [{"role": "main", "streams": [{"stream": "compute", "ops": [0]}]}]})";
-  }
-  JobSpec spec;
-  spec.program_file = kExample;
-  spec.schedule_file = path;
-  Result<ScheduledProgram> sp = PrepareJob(spec);
-  ASSERT_FALSE(sp.ok());
-  EXPECT_NE(sp.status().message().find("fails verification"), std::string::npos) << sp.status().message();
-  EXPECT_NE(sp.status().message().find(path), std::string::npos);
-}
-
-TEST(PrepareJob, MakesABaselineScheduleThatRoundTripsToOtherRanks) {
-  JobSpec spec;
-  spec.program_file = kExample;
-  spec.scheduler = "ddp";
-  Result<ScheduledProgram> sp = PrepareJob(spec);
-  ASSERT_TRUE(sp.ok()) << sp.status().message();
-  EXPECT_EQ(sp->schedule.scheduler, "ddp");
-  Result<ScheduledProgram> back = UnpackScheduledProgram(PackScheduledProgram(*sp), "test");
-  ASSERT_TRUE(back.ok()) << back.status().message();
-  EXPECT_EQ(WriteProgram(back->program), WriteProgram(sp->program));
-  EXPECT_EQ(WriteSchedule(back->schedule), WriteSchedule(sp->schedule));
-  EXPECT_FALSE(UnpackScheduledProgram("xy", "test").ok());
-}
-
 TEST(SummarizeMeasuredJob, TakesTheLowerMedianIterationAndItsTimeline) {
-  JobSpec spec;
-  spec.program_file = kExample;
-  Result<ScheduledProgram> sp = PrepareJob(spec);
+  Result<Program> program = ReadProgramFile(kExample);
+  ASSERT_TRUE(program.ok()) << program.status().message();
+  Result<ScheduledProgram> sp = UnpackScheduledProgram(
+      PackScheduledProgram(ScheduledProgram{*program, ProgramOrderSchedule(*program, "fifo")}), "test");
   ASSERT_TRUE(sp.ok()) << sp.status().message();
   // Four iterations on 2 ranks; an iteration's time is its latest end on
   // any rank: max(30, 50) = 50, max(90, 10) = 90, 20, 70. Sorted 20, 50,
@@ -165,70 +136,6 @@ TEST(SummarizeMeasuredJob, TakesTheLowerMedianIterationAndItsTimeline) {
   EXPECT_DOUBLE_EQ(job->timeline.makespan_us, 50);
   EXPECT_EQ(job->warmup, 1);
   EXPECT_FALSE(SummarizeMeasuredJob(sp->program, {}, 0).ok());
-}
-
-TEST(RunLocalJob, MeasuresEveryIterationAndReportsJson) {
-  JobSpec spec;
-  spec.program_file = kExample;
-  spec.scheduler = "sequential";
-  Result<ScheduledProgram> sp = PrepareJob(spec);
-  ASSERT_TRUE(sp.ok()) << sp.status().message();
-  LocalJobOptions options;
-  options.iterations = 3;
-  options.warmup = 1;
-  Result<MeasuredJob> job = RunLocalJob(*sp, options);
-  ASSERT_TRUE(job.ok()) << job.status().message();
-  ASSERT_EQ(job->iteration_us.size(), 3u);
-  EXPECT_EQ(job->timeline.ranks, (std::vector<int>{0, 1}));
-  EXPECT_EQ(job->timeline.records.size(), 2 * sp->program.graphs[0].ops.size());
-  Result<std::unique_ptr<CostModel>> cost = MakeJobCostModel("a800-4x8", "");
-  ASSERT_TRUE(cost.ok());
-  const nlohmann::json j = MeasuredJobJson(*sp, *job, **cost);
-  EXPECT_EQ(j["scheduler"], "sequential");
-  EXPECT_EQ(j["iterations"], 3);
-  EXPECT_EQ(j["warmup_iterations"], 1);
-  EXPECT_DOUBLE_EQ(j["median_iteration_us"].get<double>(), job->median_iteration_us);
-
-  options.fail_op = "fc.dw";
-  options.fail_rank = 1;
-  Result<MeasuredJob> failed = RunLocalJob(*sp, options);
-  ASSERT_FALSE(failed.ok());
-  EXPECT_NE(failed.status().message().find("rank 1: op 1 'fc.dw': injected failure"), std::string::npos)
-      << failed.status().message();
-}
-
-TEST(RunLocalJob, ChecksAModelWhosePlanIsAFile) {
-  // --plan FILE works for lowering and for the reference check (LoadPlan).
-  const std::string path = testing::TempDir() + "/dp2.plan.yaml";
-  {
-    std::ofstream out(path);
-    out << "dp: 2\n";
-  }
-  JobSpec spec;
-  spec.model = "gpt-tiny";
-  spec.plan = path;
-  Result<ScheduledProgram> sp = PrepareJob(spec);
-  ASSERT_TRUE(sp.ok()) << sp.status().message();
-  EXPECT_EQ(sp->program.mesh.NumRanks(), 2);
-  LocalJobOptions options;
-  options.iterations = 2;
-  options.check = true;
-  options.model = "gpt-tiny";
-  options.plan = path;
-  Result<MeasuredJob> job = RunLocalJob(*sp, options);
-  ASSERT_TRUE(job.ok()) << job.status().message();
-  EXPECT_NE(job->check.find("20 gradients"), std::string::npos) << job->check;
-
-  const std::string bad = testing::TempDir() + "/bad.plan.yaml";
-  {
-    std::ofstream out(bad);
-    out << "dp: 2\nwarp: 3\n";
-  }
-  options.plan = bad;
-  Result<MeasuredJob> refused = RunLocalJob(*sp, options);
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.status().message().find(bad), std::string::npos) << refused.status().message();
-  EXPECT_NE(refused.status().message().find("warp"), std::string::npos) << refused.status().message();
 }
 
 TEST(FlightRecorder, NamesTheRankThatDiedAndTheOpsInFlight) {

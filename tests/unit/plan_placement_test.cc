@@ -157,9 +157,9 @@ TEST(Placement, NonDefaultOrderMatchesTheUnshardedRun) {
   Result<ScheduledProgram> ref_sp = RunBaseline("fifo", ref, cost);
   Result<ScheduledProgram> sp = RunBaseline("fifo", p, cost);
   ASSERT_TRUE(ref_sp.ok() && sp.ok());
-  Result<RunResult> ref_run = RunInProcess(*ref_sp, options);
+  Result<ExecutionResult> ref_run = RunInProcess(*ref_sp, options);
   ASSERT_TRUE(ref_run.ok()) << ref_run.status().message();
-  Result<RunResult> run = RunInProcess(*sp, options);
+  Result<ExecutionResult> run = RunInProcess(*sp, options);
   ASSERT_TRUE(run.ok()) << run.status().message();
   Result<ReferenceReport> report =
       CompareToReference(*ref_sp, *ref_run, *sp, *run, Tolerance{}, options.init.layouts);

@@ -8,7 +8,7 @@
 #include "concerto/cost/cluster.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/lower/frontend.h"
-#include "concerto/runtime/profile.h"
+#include "concerto/profile/profile.h"
 
 namespace concerto {
 namespace {

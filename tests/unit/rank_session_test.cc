@@ -58,7 +58,7 @@ TEST_P(RankSessionTest, EveryStepComputesTheFirstStepsValues) {
   const ScheduledProgram sp = Scheduled(c.model, c.plan, c.scheduler);
   const int n = sp.program.mesh.NumRanks();
   // A fresh single-step run: the reference bits.
-  Result<RunResult> fresh = RunInProcess(sp);
+  Result<ExecutionResult> fresh = RunInProcess(sp);
   ASSERT_TRUE(fresh.ok()) << fresh.status().message();
   // Three steps on one session per rank.
   FakeWorld world(n);
@@ -108,7 +108,7 @@ INSTANTIATE_TEST_SUITE_P(Models, RankSessionTest,
 TEST(RunInProcessSteps, ReturnsEveryStepsRecordsAndTheFirstStepsTensors) {
   const ScheduledProgram sp = Scheduled("gpt-tiny", "dp=2", "fifo");
   std::vector<std::vector<std::vector<OpRecord>>> steps;
-  Result<RunResult> run = RunInProcessSteps(sp, RunOptions{}, 3, &steps);
+  Result<ExecutionResult> run = RunInProcessSteps(sp, RunOptions{}, 3, &steps);
   ASSERT_TRUE(run.ok()) << run.status().message();
   ASSERT_EQ(steps.size(), 3u);
   const size_t ops = sp.program.graphs[0].ops.size();
@@ -117,11 +117,11 @@ TEST(RunInProcessSteps, ReturnsEveryStepsRecordsAndTheFirstStepsTensors) {
     for (const auto& records : per_rank) EXPECT_EQ(records.size(), ops);
   }
   EXPECT_EQ(run->timeline.records.size(), 2 * ops);
-  Result<RunResult> fresh = RunInProcess(sp);
+  Result<ExecutionResult> fresh = RunInProcess(sp);
   ASSERT_TRUE(fresh.ok());
   for (int r = 0; r < 2; ++r)
     EXPECT_EQ(Differences(run->Rank(r), fresh->Rank(r)), std::vector<std::string>{}) << "rank " << r;
-  Result<RunResult> none = RunInProcessSteps(sp, RunOptions{}, 0);
+  Result<ExecutionResult> none = RunInProcessSteps(sp, RunOptions{}, 0);
   ASSERT_FALSE(none.ok());
   EXPECT_NE(none.status().message().find("steps must be at least 1"), std::string::npos);
 }

@@ -213,7 +213,7 @@ Program FusedCollectiveProgram() {
 }
 
 /// Tensor `name` on `rank` after the run.
-const std::vector<float>& Val(const RunResult& run, int rank, const std::string& name) {
+const std::vector<float>& Val(const ExecutionResult& run, int rank, const std::string& name) {
   const std::vector<float>* v = run.Rank(rank).Find(name);
   EXPECT_NE(v, nullptr) << name;
   static const std::vector<float> empty;
@@ -224,7 +224,7 @@ TEST(Executor, FusedCollectivesOfEveryType) {
   Program p = FusedCollectiveProgram();
   ASSERT_TRUE(CheckProgram(p, "fused").ok()) << CheckProgram(p, "fused").message();
   ScheduledProgram sp{p, ProgramOrderSchedule(p, "fifo")};
-  Result<RunResult> run = RunInProcess(sp);
+  Result<ExecutionResult> run = RunInProcess(sp);
   ASSERT_TRUE(run.ok()) << run.status().message();
   for (int r = 0; r < 4; ++r) {
     const int b_peer = r ^ 1, a_peer = r ^ 2;  // rank = 2 c_a + c_b
@@ -290,7 +290,7 @@ TEST(Executor, FusedSendRecvBetweenStages) {
   p.graphs = {s0, s1};
   p.roles = {{"stage0", "s0", {0}}, {"stage1", "s1", {1}}};
   ScheduledProgram sp{p, ProgramOrderSchedule(p, "fifo")};
-  Result<RunResult> run = RunInProcess(sp);
+  Result<ExecutionResult> run = RunInProcess(sp);
   ASSERT_TRUE(run.ok()) << run.status().message();
   EXPECT_EQ(Val(*run, 1, "u.in"), Val(*run, 0, "u"));
   EXPECT_EQ(Val(*run, 1, "w.in"), Val(*run, 0, "w"));
@@ -378,7 +378,7 @@ ScheduledProgram Schedule(const Program& program, const std::string& scheduler) 
 /// The reference run of a (model, micro-batches, dp) combination, cached.
 struct ReferenceRun {
   ScheduledProgram sp;
-  RunResult run;
+  ExecutionResult run;
 };
 
 const ReferenceRun& Reference(const Lowered& l, const RunOptions& options) {
@@ -388,7 +388,7 @@ const ReferenceRun& Reference(const Lowered& l, const RunOptions& options) {
   if (it != cache.end()) return it->second;
   ReferenceRun rr;
   rr.sp = Schedule(l.reference, "fifo");
-  Result<RunResult> run = RunInProcess(rr.sp, options);
+  Result<ExecutionResult> run = RunInProcess(rr.sp, options);
   EXPECT_TRUE(run.ok()) << run.status().message();
   if (run.ok()) rr.run = std::move(run).value();
   return cache.emplace(key, std::move(rr)).first->second;
@@ -403,7 +403,7 @@ TEST_P(ReferenceTest, MatchesUnshardedRun) {
   options.init.layouts = Layouts(l.model);
   const ReferenceRun& ref = Reference(l, options);
   const ScheduledProgram sp = Schedule(l.program, c.scheduler);
-  Result<RunResult> run = RunInProcess(sp, options);
+  Result<ExecutionResult> run = RunInProcess(sp, options);
   ASSERT_TRUE(run.ok()) << run.status().message();
   Result<ReferenceReport> report =
       CompareToReference(ref.sp, ref.run, sp, *run, Tolerance{}, options.init.layouts);
@@ -489,7 +489,7 @@ TEST(RuntimeMemory, MeasuredPeakAgreesWithTheSimulatorWithin10Percent) {
       const ScheduledProgram sp = Schedule(l.program, "fifo");
       RunOptions options;
       options.init.layouts = Layouts(l.model);
-      Result<RunResult> run = RunInProcess(sp, options);
+      Result<ExecutionResult> run = RunInProcess(sp, options);
       ASSERT_TRUE(run.ok()) << run.status().message();
       ASSERT_EQ(run->peak_memory_bytes.size(), static_cast<size_t>(l.program.mesh.NumRanks()));
       const int64_t measured = *std::max_element(run->peak_memory_bytes.begin(), run->peak_memory_bytes.end());
@@ -518,7 +518,7 @@ TEST(Reference, WrongGradientScaleIsCaughtAndNamed) {
   for (Op& op : broken.graphs[0].ops)
     if (op.name == "loss.grad_scale") op.attrs["scale"] = 1.0;
   ScheduledProgram sp = Schedule(broken, "fifo");
-  Result<RunResult> run = RunInProcess(sp, options);
+  Result<ExecutionResult> run = RunInProcess(sp, options);
   ASSERT_TRUE(run.ok()) << run.status().message();
   Result<ReferenceReport> report = CompareToReference(ref.sp, ref.run, sp, *run, Tolerance{}, {});
   ASSERT_FALSE(report.ok());
@@ -532,10 +532,10 @@ TEST(Reference, FusedQkvNeedsItsLayout) {
   const Lowered l = Lower({"gpt-tiny", "tp=2", "fifo"});
   RunOptions plain;
   ScheduledProgram ref_sp = Schedule(l.reference, "fifo");
-  Result<RunResult> ref = RunInProcess(ref_sp, plain);
+  Result<ExecutionResult> ref = RunInProcess(ref_sp, plain);
   ASSERT_TRUE(ref.ok());
   ScheduledProgram sp = Schedule(l.program, "fifo");
-  Result<RunResult> run = RunInProcess(sp, plain);
+  Result<ExecutionResult> run = RunInProcess(sp, plain);
   ASSERT_TRUE(run.ok());
   Result<ReferenceReport> report = CompareToReference(ref_sp, *ref, sp, *run, Tolerance{}, {});
   ASSERT_FALSE(report.ok());
@@ -549,12 +549,12 @@ TEST(Reference, SchedulesOfOneProgramAgreeBitForBit) {
   RunOptions options;
   options.init.layouts = Layouts(l.model);
   const ScheduledProgram fifo = Schedule(l.program, "fifo");
-  Result<RunResult> base = RunInProcess(fifo, options);
+  Result<ExecutionResult> base = RunInProcess(fifo, options);
   ASSERT_TRUE(base.ok()) << base.status().message();
   const Tolerance exact{0, 0, 0};
   for (const std::string sched : {"fifo", "ddp", "xla-lhs"}) {
     const ScheduledProgram sp = Schedule(l.program, sched);
-    Result<RunResult> run = RunInProcess(sp, options);
+    Result<ExecutionResult> run = RunInProcess(sp, options);
     ASSERT_TRUE(run.ok()) << run.status().message();
     Result<ReferenceReport> report = CompareToReference(fifo, *base, sp, *run, exact, options.init.layouts);
     EXPECT_TRUE(report.ok()) << sched << ": " << report.status().message();
@@ -600,7 +600,7 @@ TEST(Reference, MoeWithoutTheExpertTransposeIsCaught) {
     }
   EXPECT_EQ(changed, 8);  // 2 layers x (2 forward + 2 backward)
   ScheduledProgram sp = Schedule(broken, "fifo");
-  Result<RunResult> run = RunInProcess(sp, options);
+  Result<ExecutionResult> run = RunInProcess(sp, options);
   ASSERT_TRUE(run.ok()) << run.status().message();
   Result<ReferenceReport> report = CompareToReference(ref.sp, ref.run, sp, *run, Tolerance{}, {});
   ASSERT_FALSE(report.ok());
@@ -653,7 +653,7 @@ const ReferenceRun& EvoReference() {
   static const ReferenceRun* ref = [] {
     auto* rr = new ReferenceRun;
     rr->sp = Schedule(LowerEvo(1, 1), "fifo");
-    Result<RunResult> run = RunInProcess(rr->sp, RunOptions{});
+    Result<ExecutionResult> run = RunInProcess(rr->sp, RunOptions{});
     EXPECT_TRUE(run.ok()) << run.status().message();
     if (run.ok()) rr->run = std::move(run).value();
     return rr;
@@ -679,7 +679,7 @@ TEST_P(EvoformerReferenceTest, MatchesUnshardedRun) {
   const EvoCase& c = GetParam();
   const ReferenceRun& ref = EvoReference();
   const ScheduledProgram sp = Schedule(LowerEvo(c.dp, c.dap), c.scheduler);
-  Result<RunResult> run = RunInProcess(sp, RunOptions{});
+  Result<ExecutionResult> run = RunInProcess(sp, RunOptions{});
   ASSERT_TRUE(run.ok()) << run.status().message();
   Result<ReferenceReport> report = CompareToReference(ref.sp, ref.run, sp, *run, EvoTolerance(), {});
   ASSERT_TRUE(report.ok()) << report.status().message();
@@ -738,7 +738,7 @@ TEST(Reference, EvoformerDapWithoutTheGlobalDenominatorIsCaught) {
     }
   ASSERT_EQ(changed, 1);
   const ScheduledProgram sp = Schedule(broken, "fifo");
-  Result<RunResult> run = RunInProcess(sp, RunOptions{});
+  Result<ExecutionResult> run = RunInProcess(sp, RunOptions{});
   ASSERT_TRUE(run.ok()) << run.status().message();
   Result<ReferenceReport> report = CompareToReference(ref.sp, ref.run, sp, *run, EvoTolerance(), {});
   ASSERT_FALSE(report.ok());
@@ -819,7 +819,7 @@ TEST(Executor, RefusesAScheduleThatFailsVerification) {
   ScheduledProgram sp = Schedule(l.program, "fifo");
   for (StreamOrder& order : sp.schedule.roles[0].streams)
     if (order.stream == "compute") order.op_ids.pop_back();
-  Result<RunResult> run = RunInProcess(sp);
+  Result<ExecutionResult> run = RunInProcess(sp);
   ASSERT_FALSE(run.ok());
   EXPECT_HAS(run.status().message(), "schedule 'fifo' is refused: it fails verification");
 }
@@ -828,7 +828,7 @@ TEST(Executor, RefusesAnInvalidProgram) {
   Program p = FusedCollectiveProgram();
   p.graphs[0].tensors[2].shape = {3, 3};  // ar0 no longer matches p0
   ScheduledProgram sp{p, ProgramOrderSchedule(p, "fifo")};
-  Result<RunResult> run = RunInProcess(sp);
+  Result<ExecutionResult> run = RunInProcess(sp);
   ASSERT_FALSE(run.ok());
   EXPECT_HAS(run.status().message(), "op 0 'ar'");
 }
@@ -839,7 +839,7 @@ TEST(Executor, AFailingRankStopsTheJobNamingRankAndOp) {
   options.fail_op = "L0.mlp.fc1";
   options.fail_rank = 3;
   const auto start = std::chrono::steady_clock::now();
-  Result<RunResult> run = RunInProcess(Schedule(l.program, "fifo"), options);
+  Result<ExecutionResult> run = RunInProcess(Schedule(l.program, "fifo"), options);
   ASSERT_FALSE(run.ok());
   EXPECT_HAS(run.status().message(), "rank 3: op ");
   EXPECT_HAS(run.status().message(), "'L0.mlp.fc1': injected failure");
@@ -863,7 +863,7 @@ TEST(Executor, ARankThatNeverStartsTimesOut) {
 TEST(Executor, MeasuredTimelineFollowsTheMachineModelAndTraces) {
   const Lowered l = Lower({"llama-tiny", "pp=2,microbatches=2", "fifo"});
   const ScheduledProgram sp = Schedule(l.program, "xla-lhs");
-  Result<RunResult> run = RunInProcess(sp);
+  Result<ExecutionResult> run = RunInProcess(sp);
   ASSERT_TRUE(run.ok()) << run.status().message();
   const Timeline& tl = run->timeline;
   EXPECT_EQ(tl.ranks, (std::vector<int>{0, 1}));

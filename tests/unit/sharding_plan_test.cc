@@ -318,9 +318,9 @@ void ExpectMatchesReference(const std::string& model, const std::string& text) {
   for (const SegmentedTensor& t : report.segmented) options.init.layouts.push_back({t.tensor, t.dim, t.segments});
   ScheduledProgram ref_sp{*ref, ProgramOrderSchedule(*ref, "fifo")};
   ScheduledProgram sp{*sharded, ProgramOrderSchedule(*sharded, "fifo")};
-  Result<RunResult> ref_run = RunInProcess(ref_sp, options);
+  Result<ExecutionResult> ref_run = RunInProcess(ref_sp, options);
   ASSERT_TRUE(ref_run.ok()) << ref_run.status().message();
-  Result<RunResult> run = RunInProcess(sp, options);
+  Result<ExecutionResult> run = RunInProcess(sp, options);
   ASSERT_TRUE(run.ok()) << run.status().message();
   Result<ReferenceReport> cmp =
       CompareToReference(ref_sp, *ref_run, sp, *run, Tolerance{}, options.init.layouts);

@@ -16,6 +16,7 @@
 #include "concerto/util/json_text.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/driver/driver.h"
+#include "concerto/driver/job.h"
 #include "concerto/driver/options.h"
 #include "concerto/ir/json_io.h"
 #include "concerto/lower/evoformer.h"
@@ -27,9 +28,10 @@
 #include "concerto/report/report.h"
 #include "concerto/schedule/window_solver.h"
 #include "concerto/runtime/launcher.h"
-#include "concerto/runtime/launcher_job.h"
 #include "concerto/runtime/flight_recorder.h"
-#include "concerto/runtime/profile.h"
+#include "concerto/profile/profile.h"
+#include "concerto/util/input_file.h"
+#include "../common/option_flags.h"
 
 namespace {
 
@@ -38,51 +40,24 @@ using namespace concerto;
 constexpr int kExitInput = 1;
 constexpr int kExitUsage = 2;
 
-/// Flags shared by the commands that price and simulate.
+/// Flags shared by the commands that price, schedule and simulate: the
+/// job's cost model and scheduler options (the option table), and --json.
 struct CommonFlags {
-  std::string cluster = "a800-4x8";
-  std::string solver = "gecode";
-  std::string profile;
+  JobSpec job;
   bool json = false;
-  std::map<std::string, double> numeric;  // from OptionTable, only those given
 };
 
-/// An option's default as --help shows it: its word when it has one for that value.
-std::string DefaultText(const OptionSpec& spec) {
-  for (const auto& [word, value] : spec.words)
-    if (value == spec.default_value) return word;
-  return fmt::format("{}", spec.default_value);
-}
-
-void AddNumericOptions(CLI::App* cmd, CommonFlags& flags) {
-  for (const auto& spec : OptionTable()) {
-    // Checked against the table while parsing: a value out of range is a
-    // usage error (exit 2), named with its bounds.
-    cmd->add_option_function<std::string>(
-           "--" + spec.name,
-           [&flags, spec](const std::string& text) {
-             Result<double> v = ParseOptionValue(spec, text);
-             if (!v.ok()) throw CLI::ValidationError(v.status().message());
-             flags.numeric[spec.name] = *v;
-           },
-           fmt::format("{} [{}] (default {}, range {}..{})", spec.help, spec.unit,
-                       DefaultText(spec),
-                       spec.min_value, spec.max_value))
-        ->type_name(spec.unit == "bytes" ? "SIZE" : "NUM");
-  }
-}
-
 void AddCommonFlags(CLI::App* cmd, CommonFlags& flags) {
-  cmd->add_option("--cluster", flags.cluster,
+  cmd->add_option("--cluster", flags.job.cluster,
                   "cluster preset (" + fmt::format("{}", fmt::join(ClusterPresetNames(), ", ")) +
                       ") or a .yaml/.json cluster file")
       ->capture_default_str();
-  cmd->add_option("--profile", flags.profile, "profile database (JSON) of measured op durations");
+  cmd->add_option("--profile", flags.job.profile, "profile database (JSON) of measured op durations");
   cmd->add_flag("--json", flags.json, "print one JSON object instead of tables");
-  cmd->add_option("--solver", flags.solver, "concerto: window solver backend (gecode, cbc)")
+  cmd->add_option("--solver", flags.job.options.solver, "concerto: window solver backend (gecode, cbc)")
       ->capture_default_str()
       ->check(CLI::IsMember(WindowSolverNames()));
-  AddNumericOptions(cmd, flags);
+  AddOptionFlags(cmd, &flags.job.options);
 }
 
 /// Prints a library error and returns the exit code for bad input.
@@ -91,47 +66,7 @@ int Fail(const Status& status) {
   return kExitInput;
 }
 
-Result<Options> BuildOptions(const CommonFlags& flags) {
-  Options options;
-  for (const auto& [name, value] : flags.numeric) CONCERTO_RETURN_IF_ERROR(options.Set(name, value));
-  options.solver = flags.solver;
-  return options;
-}
-
-Result<std::unique_ptr<CostModel>> BuildCostModel(const CommonFlags& flags) {
-  Result<ClusterSpec> cluster = LoadCluster(flags.cluster);
-  if (!cluster.ok()) return cluster.status();
-  if (flags.profile.empty()) return std::unique_ptr<CostModel>(new AnalyticCostModel(*cluster));
-  Result<ProfileDb> db = ProfileDb::Read(flags.profile);
-  if (!db.ok()) return db.status();
-  return std::unique_ptr<CostModel>(new ProfiledCostModel(std::move(db).value(), *cluster));
-}
-
-Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  if (!out) return Status::Error(path + ": cannot open for writing");
-  out << text;
-  if (!out) return Status::Error(path + ": write failed");
-  return Status::Ok();
-}
-
 void Progress(const std::string& line) { std::fprintf(stderr, "concerto: %s\n", line.c_str()); }
-
-Status CheckProgramFitsCluster(const Program& program, const CostModel& cost) {
-  const ClusterSpec& c = cost.cluster();
-  const int ranks = program.mesh.NumRanks();
-  if (ranks > c.NumDevices())
-    return Status::Error(fmt::format(
-        "program needs {} ranks but cluster '{}' has {} devices ({} nodes x {}): a plan's degrees (dp x tp x pp "
-        "x ...) must multiply to at most {}, or name a larger cluster (concerto clusters)",
-        ranks, c.name, c.NumDevices(), c.nodes, c.devices_per_node, c.NumDevices()));
-  // Fewer ranks than devices is allowed (a program may use part of a
-  // cluster) but never silent: dp=3,tp=8 on 32 devices leaves 8 idle.
-  if (ranks < c.NumDevices())
-    Progress(fmt::format("note: the program uses {} of cluster '{}''s {} devices; the other {} stay idle", ranks,
-                         c.name, c.NumDevices(), c.NumDevices() - ranks));
-  return Status::Ok();
-}
 
 // ---- validate ----
 int CmdValidate(const std::string& path, bool json) {
@@ -169,39 +104,29 @@ struct SimulateFlags {
 };
 
 int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
-  Result<Program> program = ReadProgramFile(sf.file);
-  if (!program.ok()) return Fail(program.status());
-  Result<Options> options = BuildOptions(flags);
-  if (!options.ok()) return Fail(options.status());
-  options->all_ranks = sf.all_ranks;
-  Result<std::unique_ptr<CostModel>> cost = BuildCostModel(flags);
-  if (!cost.ok()) return Fail(cost.status());
-  if (Status s = CheckProgramFitsCluster(*program, **cost); !s.ok()) return Fail(s);
+  JobSpec spec = flags.job;
+  spec.program_file = sf.file;
+  spec.schedule_file = sf.schedule_file;
+  spec.scheduler = sf.scheduler;
+  spec.options.all_ranks = sf.all_ranks;
   PassHook hook = [&](const std::string& pass, const Program& p) {
     if (pass != sf.dump_after) return;
     std::string path = "concerto." + pass + ".json";
-    if (Status s = WriteFile(path, WriteProgram(p)); !s.ok()) Progress(s.message());
+    if (Status s = WriteTextFile(path, WriteProgram(p)); !s.ok()) Progress(s.message());
     Progress("IR after pass '" + pass + "' written to " + path);
   };
-  Result<RunResult> run = Status::Error("unreachable");
-  if (!sf.schedule_file.empty()) {
-    Result<Schedule> schedule = ReadScheduleFile(sf.schedule_file);
-    if (!schedule.ok()) return Fail(schedule.status());
-    hook("read", *program);
-    run = RunGivenSchedule(*program, *schedule, **cost, *options);
-  } else {
-    Progress("scheduling with '" + sf.scheduler + "' and simulating");
-    run = RunScheduler(*program, sf.scheduler, **cost, *options, hook, Progress);
-  }
-  if (!run.ok()) return Fail(run.status());
+  Result<JobResult> job = RunJob(spec, hook, Progress);
+  if (!job.ok()) return Fail(job.status());
+  const RunResult* run = &job->run;
+  const std::unique_ptr<CostModel>* cost = &job->cost;
   if (!sf.trace.empty()) {
-    if (Status s = WriteFile(sf.trace, ChromeTrace(run->scheduled, run->timeline)); !s.ok()) return Fail(s);
+    if (Status s = WriteTextFile(sf.trace, ChromeTrace(run->scheduled, run->timeline)); !s.ok()) return Fail(s);
     Progress("trace written to " + sf.trace + " (open in ui.perfetto.dev or chrome://tracing)");
   }
   if (!sf.write_schedule.empty())
-    if (Status s = WriteFile(sf.write_schedule, WriteSchedule(run->scheduled.schedule)); !s.ok()) return Fail(s);
+    if (Status s = WriteTextFile(sf.write_schedule, WriteSchedule(run->scheduled.schedule)); !s.ok()) return Fail(s);
   if (!sf.write_program.empty())
-    if (Status s = WriteFile(sf.write_program, WriteProgram(run->scheduled.program)); !s.ok()) return Fail(s);
+    if (Status s = WriteTextFile(sf.write_program, WriteProgram(run->scheduled.program)); !s.ok()) return Fail(s);
   const Summary& s = run->summary;
   if (flags.json) {
     nlohmann::json j = SummaryJson(s);
@@ -256,20 +181,18 @@ struct ScheduleFlags {
 };
 
 int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
-  Result<Program> program = ReadProgramFile(sf.file);
-  if (!program.ok()) return Fail(program.status());
-  Result<Options> options = BuildOptions(flags);
-  if (!options.ok()) return Fail(options.status());
-  Result<std::unique_ptr<CostModel>> cost = BuildCostModel(flags);
-  if (!cost.ok()) return Fail(cost.status());
-  if (Status s = CheckProgramFitsCluster(*program, **cost); !s.ok()) return Fail(s);
-  Result<RunResult> run = RunScheduler(*program, sf.scheduler, **cost, *options, nullptr, Progress);
-  if (!run.ok()) return Fail(run.status());
-  if (Status s = WriteFile(sf.output, WriteSchedule(run->scheduled.schedule)); !s.ok()) return Fail(s);
+  JobSpec spec = flags.job;
+  spec.program_file = sf.file;
+  spec.scheduler = sf.scheduler;
+  Result<JobResult> job = RunJob(spec, nullptr, Progress);
+  if (!job.ok()) return Fail(job.status());
+  const RunResult* run = &job->run;
+  const std::unique_ptr<CostModel>* cost = &job->cost;
+  if (Status s = WriteTextFile(sf.output, WriteSchedule(run->scheduled.schedule)); !s.ok()) return Fail(s);
   // The schedule may name ops a rewrite created (fused collectives): write the
   // program it belongs to as well.
   std::string program_path = sf.write_program.empty() ? sf.output + ".program.json" : sf.write_program;
-  if (Status s = WriteFile(program_path, WriteProgram(run->scheduled.program)); !s.ok()) return Fail(s);
+  if (Status s = WriteTextFile(program_path, WriteProgram(run->scheduled.program)); !s.ok()) return Fail(s);
   const Summary& s = run->summary;
   if (flags.json) {
     nlohmann::json j = SummaryJson(s);
@@ -320,46 +243,6 @@ int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
 }
 
 // ---- compare ----
-Status RunCompare(const Program& program, const CommonFlags& flags, const std::vector<std::string>& schedulers,
-                  std::vector<RunResult>* runs, LowerBound* bound, std::string* cluster_name) {
-  Result<Options> options = BuildOptions(flags);
-  if (!options.ok()) return options.status();
-  Result<std::unique_ptr<CostModel>> cost = BuildCostModel(flags);
-  if (!cost.ok()) return cost.status();
-  CONCERTO_RETURN_IF_ERROR(CheckProgramFitsCluster(program, **cost));
-  *cluster_name = (*cost)->cluster().name;
-  *bound = ComputeLowerBound(program, **cost);
-  Result<std::vector<RunResult>> r = Compare(program, schedulers, **cost, *options, Progress);
-  if (!r.ok()) return r.status();
-  *runs = std::move(r).value();
-  return Status::Ok();
-}
-
-/// --model under --sharding FILE: the unsharded model partitioned by the file.
-Result<Program> LowerSharded(const std::string& model, const std::string& sharding, std::string* label) {
-  Result<ShardingPlan> plan = LoadShardingPlan(sharding);
-  if (!plan.ok()) return plan.status();
-  *label = model + " (sharding " + sharding + ")";
-  Progress("lowering " + *label);
-  return LowerModelSharding(model, *plan);
-}
-
-/// The program named by FILE, or lowered from --model/--plan (or --sharding) when FILE is empty.
-Result<Program> ProgramFromArgs(const std::string& file, const std::string& model, const std::string& plan_text,
-                                std::string* label, const std::string& sharding = "") {
-  if (!file.empty()) {
-    *label = file;
-    return ReadProgramFile(file);
-  }
-  if (model.empty()) return Status::Error("give a program FILE or --model (and --plan)");
-  if (!sharding.empty()) return LowerSharded(model, sharding, label);
-  Result<ParallelPlan> plan = LoadPlan(plan_text);
-  if (!plan.ok()) return plan.status();
-  *label = model + " (" + PlanToString(*plan) + ")";
-  Progress("lowering " + *label);
-  return LowerModelPlan(model, plan_text);
-}
-
 /// One Chrome trace per run in `dir` (created if missing): DIR/<scheduler>.trace.json.
 Status WriteTraces(const std::vector<RunResult>& runs, const std::string& dir) {
   std::error_code ec;
@@ -367,7 +250,7 @@ Status WriteTraces(const std::vector<RunResult>& runs, const std::string& dir) {
   if (ec) return Status::Error(dir + ": cannot create the trace directory: " + ec.message());
   for (const RunResult& r : runs) {
     const std::string path = (std::filesystem::path(dir) / (r.summary.scheduler + ".trace.json")).string();
-    CONCERTO_RETURN_IF_ERROR(WriteFile(path, ChromeTrace(r.scheduled, r.timeline)));
+    CONCERTO_RETURN_IF_ERROR(WriteTextFile(path, ChromeTrace(r.scheduled, r.timeline)));
   }
   Progress(fmt::format("{} traces written to {}/ (<scheduler>.trace.json; open in https://ui.perfetto.dev)",
                        runs.size(), dir));
@@ -377,22 +260,23 @@ Status WriteTraces(const std::vector<RunResult>& runs, const std::string& dir) {
 int CmdCompare(const std::string& file, const std::string& model, const std::string& plan_text,
                const CommonFlags& flags, std::vector<std::string> schedulers, const std::string& sharding,
                const std::string& trace_dir) {
-  std::string label;
-  Result<Program> program = ProgramFromArgs(file, model, plan_text, &label, sharding);
-  if (!program.ok()) return Fail(program.status());
+  JobSpec spec = flags.job;
+  spec.program_file = file;
+  spec.model = model;
+  spec.plan = plan_text;
+  spec.sharding = sharding;
   if (schedulers.empty()) schedulers = SchedulerNames();
-  std::vector<RunResult> runs;
-  LowerBound bound;
-  std::string cluster;
-  if (Status s = RunCompare(*program, flags, schedulers, &runs, &bound, &cluster); !s.ok()) return Fail(s);
+  Result<CompareResult> compared = CompareJob(spec, schedulers, Progress);
+  if (!compared.ok()) return Fail(compared.status());
   if (!trace_dir.empty())
-    if (Status s = WriteTraces(runs, trace_dir); !s.ok()) return Fail(s);
+    if (Status s = WriteTraces(compared->runs, trace_dir); !s.ok()) return Fail(s);
+  const std::string& cluster = compared->cost->cluster().name;
   if (flags.json) {
-    nlohmann::json j = CompareJson(runs, bound, cluster);
-    j["program"] = label;
+    nlohmann::json j = CompareJson(compared->runs, compared->input_bound, cluster);
+    j["program"] = compared->label;
     std::cout << DumpJson(j, 2) << "\n";
   } else {
-    std::cout << CompareTable(runs, bound, label + " on " + cluster);
+    std::cout << CompareTable(compared->runs, compared->input_bound, compared->label + " on " + cluster);
   }
   return 0;
 }
@@ -403,11 +287,15 @@ int CmdLower(const std::string& model, const std::string& plan_text, const std::
   Result<ParallelPlan> plan = sharding.empty() ? LoadPlan(plan_text) : Result<ParallelPlan>(ParallelPlan{});
   if (!plan.ok()) return Fail(plan.status());
   auto t0 = std::chrono::steady_clock::now();
-  std::string label;
-  Result<Program> program = sharding.empty() ? LowerModelPlan(model, plan_text) : LowerSharded(model, sharding, &label);
-  if (!program.ok()) return Fail(program.status());
+  JobSpec spec;
+  spec.model = model;
+  spec.plan = plan_text;
+  spec.sharding = sharding;
+  Result<JobProgram> lowered = LoadJobProgram(spec, sharding.empty() ? ProgressFn() : ProgressFn(Progress));
+  if (!lowered.ok()) return Fail(lowered.status());
+  const Program* program = &lowered->program;
   double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (Status s = WriteFile(out, WriteProgram(*program)); !s.ok()) return Fail(s);
+  if (Status s = WriteTextFile(out, WriteProgram(*program)); !s.ok()) return Fail(s);
   size_t ops = 0, comm = 0;
   for (const auto& g : program->graphs) {
     ops += g.ops.size();
@@ -438,14 +326,16 @@ int CmdDemo(const std::string& trace, bool json) {
   if (!program.ok()) return Fail(program.status());
   nlohmann::json all = {{"model", model}, {"plan", plan_text}, {"clusters", nlohmann::json::array()}};
   for (const std::string cluster : {"a800-4x8", "commodity-4x8"}) {
-    CommonFlags flags;
-    flags.cluster = cluster;
+    JobSpec spec;
+    spec.program = *program;
+    spec.cluster = cluster;
     // Default options: the search stops at its fail limits (deterministic:
     // the same tables on any machine), a few seconds per cluster.
-    std::vector<RunResult> runs;
-    LowerBound bound;
-    std::string name;
-    if (Status s = RunCompare(*program, flags, SchedulerNames(), &runs, &bound, &name); !s.ok()) return Fail(s);
+    Result<CompareResult> compared = CompareJob(spec, SchedulerNames(), Progress);
+    if (!compared.ok()) return Fail(compared.status());
+    const std::vector<RunResult>& runs = compared->runs;
+    const LowerBound& bound = compared->input_bound;
+    const std::string& name = compared->cost->cluster().name;
     if (json) {
       all["clusters"].push_back(CompareJson(runs, bound, name));
     } else {
@@ -458,7 +348,7 @@ int CmdDemo(const std::string& trace, bool json) {
       for (const auto& r : runs)
         if ((r.summary.fits_memory || !any_fits) && (!best || r.summary.makespan_us < best->summary.makespan_us))
           best = &r;
-      if (Status s = WriteFile(trace, ChromeTrace(best->scheduled, best->timeline)); !s.ok()) return Fail(s);
+      if (Status s = WriteTextFile(trace, ChromeTrace(best->scheduled, best->timeline)); !s.ok()) return Fail(s);
       Progress("trace of '" + best->summary.scheduler + "' on " + name + " written to " + trace +
                " (open it in https://ui.perfetto.dev or chrome://tracing)");
     }
@@ -494,11 +384,7 @@ struct RunFlags {
   std::string fail_op, kill_op;
   int fail_rank = -1, kill_rank = -1;
   bool dry_run = false;
-  bool json = false;
-  std::string cluster = "a800-4x8";
-  std::string profile;
-  int block = 125, rounds = 4;
-  double time_budget_s = 60;
+  std::string write_schedule, write_program;  // the scheduled program that runs
 };
 
 /// A fresh private directory for the files handed to the MPI ranks.
@@ -510,24 +396,25 @@ Result<std::string> MakeTempDir() {
 
 /// `concerto run`: prepares (and verifies) the job here, then runs it in
 /// process or launches concerto_mpi_run through mpirun; returns the exit code.
-int CmdRun(const RunFlags& rf) {
-  JobSpec spec;
+int CmdRun(const RunFlags& rf, const CommonFlags& flags) {
+  // The same job as `simulate` would run: RunJob's schedule is what executes.
+  JobSpec spec = flags.job;
   spec.program_file = rf.file;
   if (rf.file.empty()) spec.model = rf.model, spec.plan = rf.plan;
   spec.schedule_file = rf.schedule_file;
   spec.scheduler = rf.scheduler.empty() ? "fifo" : rf.scheduler;
-  spec.cluster = rf.cluster;
-  spec.profile = rf.profile;
-  spec.concerto_block_ops = rf.block;
-  spec.concerto_rounds = rf.rounds;
-  spec.concerto_time_budget_s = rf.time_budget_s;
-  Result<ScheduledProgram> sp = PrepareJob(spec, Progress);
-  if (!sp.ok()) return Fail(sp.status());
+  Result<JobResult> prepared = PrepareJob(spec, Progress);
+  if (!prepared.ok()) return Fail(prepared.status());
+  const ScheduledProgram* sp = &prepared->run.scheduled;
+  const Summary* predicted = &prepared->run.summary;
+  const std::unique_ptr<CostModel>* cost = &prepared->cost;
+  if (!rf.write_schedule.empty())
+    if (Status s = WriteTextFile(rf.write_schedule, WriteSchedule(sp->schedule)); !s.ok()) return Fail(s);
+  if (!rf.write_program.empty())
+    if (Status s = WriteTextFile(rf.write_program, WriteProgram(sp->program)); !s.ok()) return Fail(s);
   const int ranks = sp->program.mesh.NumRanks();
   if (rf.ranks != 0 && rf.ranks != ranks)
     return Fail(Status::Error(fmt::format("-n {}: the program needs {} ranks", rf.ranks, ranks)));
-  Result<std::unique_ptr<CostModel>> cost = MakeJobCostModel(rf.cluster, rf.profile);
-  if (!cost.ok()) return Fail(cost.status());
   if (rf.in_process) {
     if (!rf.kill_op.empty()) return Fail(Status::Error("--kill-op needs MPI (it ends a process); use --fail-op"));
     LocalJobOptions local;
@@ -544,15 +431,15 @@ int CmdRun(const RunFlags& rf) {
     Result<MeasuredJob> job = RunLocalJob(*sp, local);
     if (!job.ok()) return Fail(job.status());
     if (!rf.trace.empty()) {
-      if (Status s = WriteFile(rf.trace, ChromeTrace(*sp, job->timeline)); !s.ok()) return Fail(s);
+      if (Status s = WriteTextFile(rf.trace, ChromeTrace(*sp, job->timeline)); !s.ok()) return Fail(s);
       Progress("trace of the median iteration written to " + rf.trace);
     }
-    if (rf.json) {
-      nlohmann::json j = MeasuredJobJson(*sp, *job, **cost);
+    if (flags.json) {
+      nlohmann::json j = MeasuredJobJson(*sp, *job, **cost, predicted);
       j["backend"] = "in-process";
       std::cout << DumpJson(j, 2) << "\n";
     } else {
-      std::cout << MeasuredJobText(*sp, *job, **cost);
+      std::cout << MeasuredJobText(*sp, *job, **cost, predicted);
     }
     return 0;
   }
@@ -568,12 +455,12 @@ int CmdRun(const RunFlags& rf) {
   request.check = rf.check;
   request.model = rf.model;
   request.plan = rf.plan;
-  request.cluster = rf.cluster;
-  request.profile = rf.profile;
+  request.cluster = flags.job.cluster;
+  request.profile = flags.job.profile;
   request.iterations = rf.iterations;
   request.warmup = rf.warmup;
   request.trace = rf.trace;
-  request.json = rf.json;
+  request.json = flags.json;
   request.timeout_s = rf.timeout_s;
   request.fail_op = rf.fail_op;
   request.fail_rank = rf.fail_rank;
@@ -591,8 +478,8 @@ int CmdRun(const RunFlags& rf) {
     std::cout << ShellJoin(*argv) << "\n";
     return 0;
   }
-  Status written = WriteFile(request.program_file, WriteProgram(sp->program));
-  if (written.ok()) written = WriteFile(request.schedule_file, WriteSchedule(sp->schedule));
+  Status written = WriteTextFile(request.program_file, WriteProgram(sp->program));
+  if (written.ok()) written = WriteTextFile(request.schedule_file, WriteSchedule(sp->schedule));
   if (!written.ok()) return Fail(written);
   Progress(fmt::format("launching {} MPI ranks ({} warm-up + {} measured iterations)", ranks, rf.warmup,
                        rf.iterations));
@@ -707,8 +594,8 @@ int CmdProfile(const ProfileFlags& pf) {
   const ClusterSpec cluster = MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference);
   const ProfileDb db = MakeProfileDb(device, kernels, *samples, program.get(), cluster);
   const std::string cluster_path = pf.out_dir + "/cpu-local.json", db_path = pf.out_dir + "/profile.json";
-  if (Status s = WriteFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
-  if (Status s = WriteFile(db_path, db.Write()); !s.ok()) return Fail(s);
+  if (Status s = WriteTextFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
+  if (Status s = WriteTextFile(db_path, db.Write()); !s.ok()) return Fail(s);
   if (pf.json) {
     nlohmann::json j = {{"kernels", kernels.size()},
                         {"collective_samples", samples->size()},
@@ -861,11 +748,8 @@ int RealMain(int argc, char** argv) {
   run->add_option("--iterations", rf.iterations, "measured iterations (median reported)")->capture_default_str()->check(CLI::Range(1, 1000000));
   run->add_option("--warmup", rf.warmup, "iterations run before measuring")->capture_default_str()->check(CLI::Range(0, 1000000));
   run->add_option("--timeout", rf.timeout_s, "seconds a collective waits for its peers before failing [s]")->capture_default_str()->check(CLI::PositiveNumber);
-  run->add_option("--cluster", rf.cluster, "cluster preset or file the scheduler plans with")->capture_default_str();
-  run->add_option("--profile", rf.profile, "profile database for the scheduler's cost model");
-  run->add_option("--block", rf.block, "concerto: ops per block")->capture_default_str()->check(CLI::Range(2, 100000));
-  run->add_option("--rounds", rf.rounds, "concerto: rounds")->capture_default_str()->check(CLI::Range(1, 1000));
-  run->add_option("--time-budget", rf.time_budget_s, "concerto: search time budget [s]")->capture_default_str()->check(CLI::PositiveNumber);
+  run->add_option("--write-schedule", rf.write_schedule, "write the schedule that runs (JSON) here");
+  run->add_option("--write-program", rf.write_program, "write the program that runs (the scheduled IR) here");
   auto* fail_op = run->add_option("--fail-op", rf.fail_op, "fault injection: this op fails on --fail-rank");
   auto* fail_rank = run->add_option("--fail-rank", rf.fail_rank, "fault injection: the rank of --fail-op")->check(CLI::NonNegativeNumber);
   fail_op->needs(fail_rank);
@@ -875,7 +759,9 @@ int RealMain(int argc, char** argv) {
   kill_op->needs(kill_rank);
   kill_rank->needs(kill_op);
   run->add_flag("--dry-run", rf.dry_run, "print the mpirun command instead of running it");
-  run->add_flag("--json", rf.json, "print one JSON object");
+  // The scheduler's cost model and options, as simulate takes them: the same
+  // command line makes the same schedule in both (driver/job.h).
+  AddCommonFlags(run, flags);
 
   ProfileFlags pf;
   auto* profile = app.add_subcommand("profile", "measure this machine's kernels and collectives; write a profile database and a cpu-local cluster");
@@ -955,7 +841,7 @@ int RealMain(int argc, char** argv) {
       std::fprintf(stderr, "concerto run: --check needs --model (with --plan, they define the unsharded reference)\n");
       return kExitUsage;
     }
-    return CmdRun(rf);
+    return CmdRun(rf, flags);
   }
   if (*profile) return CmdProfile(pf);
   if (*schedulers) {

@@ -3,16 +3,17 @@
 // mpirun; it can also be started by hand:
 //   mpirun -n N concerto_mpi_run (--program P.json [--schedule S.json] |
 //          --model M --plan P) [--scheduler NAME|concerto] [--cluster C]
-//          [--profile DB] [--iterations N] [--warmup W] [--check]
+//          [--profile DB] [scheduler options: concerto --help] [--iterations N] [--warmup W] [--check]
 //          [--trace FILE] [--json] [--timeout SECONDS]
 //          [--fail-op NAME --fail-rank R] [--kill-op NAME --kill-rank R]
 //          [--status-dir DIR]
 //   mpirun -n N concerto_mpi_run --profile-comm OUT.json [--profile-specs SPECS]
 //          [--profile-interference OUT2.json]
 //
-// Rank 0 prepares the job (reads or lowers the program, reads or makes the
-// schedule: any baseline, or the Concerto scheduler, which has time limits
-// and so is run once, on rank 0), checks it with the verifier, and sends
+// Rank 0 prepares the job through the driver's pipeline (driver/job.h, the
+// same RunJob as `concerto simulate`: reads or lowers the program, reads or
+// makes the schedule: any baseline, or the Concerto scheduler, which has
+// time limits and so is run once, on rank 0), checks it, and sends
 // the program and schedule to every other rank. Every rank then creates
 // the MPI communicators of all groups and runs its rank warmup + iterations
 // times. Rank 0 gathers every rank's op records, reports the median
@@ -21,6 +22,7 @@
 // compares them with the unsharded reference. Buffers are initialised once
 // and reused by every iteration.
 // Exit code 0 on success, 1 on any error (printed with the rank).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -32,15 +34,17 @@
 #include <unistd.h>
 #include <vector>
 
+#include "concerto/driver/job.h"
 #include "concerto/report/report.h"
 #include "concerto/util/json_text.h"
 #include "concerto/runtime/executor.h"
 #include "concerto/runtime/flight_recorder.h"
 #include "concerto/runtime/kernels.h"
-#include "concerto/runtime/launcher_check.h"
 #include "concerto/runtime/launcher_job.h"
 #include "concerto/runtime/mpi_communicator.h"
-#include "concerto/runtime/profile.h"
+#include "concerto/profile/profile.h"
+#include "concerto/util/input_file.h"
+#include "../common/option_flags.h"
 
 namespace concerto {
 namespace {
@@ -68,97 +72,50 @@ struct Flags {
   int64_t profile_max_bytes = 16 << 20;
 };
 
-constexpr const char* kUsage =
-    "usage: concerto_mpi_run (--program P.json [--schedule S.json] | --model M --plan P) "
-    "[--scheduler NAME] [--cluster C] [--profile DB] [--block N] [--rounds R] [--time-budget S] "
-    "[--iterations N] [--warmup W] [--check] [--trace FILE] [--json] [--timeout S] "
-    "[--fail-op NAME --fail-rank R] [--kill-op NAME --kill-rank R] [--status-dir DIR]\n"
-    "   or: concerto_mpi_run --profile-comm OUT.json [--profile-specs TYPE:N:BYTES,...] [--profile-reps K] "
-    "[--profile-max-bytes B] [--profile-interference OUT2.json]";
-
-/// A whole number from `text`, or an error naming the flag.
-Result<long long> Integer(const std::string& flag, const std::string& text) {
-  char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0') return Status::Error(flag + " needs an integer, got '" + text + "'");
-  return v;
-}
-
-/// Parses the command line; an error names the bad argument.
+/// Parses the command line (CLI11; the scheduler's options from the option
+/// table, as `concerto` takes them); an error names the bad argument.
 Result<Flags> ParseFlags(int argc, char** argv) {
   Flags f;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&]() -> Result<std::string> {
-      if (i + 1 >= argc) return Status::Error("missing value after " + a);
-      return std::string(argv[++i]);
-    };
-    auto integer = [&](long long min) -> Result<long long> {
-      Result<std::string> v = value();
-      if (!v.ok()) return v.status();
-      Result<long long> n = Integer(a, *v);
-      if (n.ok() && *n < min) return Status::Error(a + " must be at least " + std::to_string(min));
-      return n;
-    };
-#define CONCERTO_FLAG_STRING(name, field)      \
-  if (a == name) {                             \
-    Result<std::string> v = value();           \
-    if (!v.ok()) return v.status();            \
-    field = *v;                                \
-    continue;                                  \
+  CLI::App app{"concerto_mpi_run: one rank of a scheduled program per MPI process (started by `concerto run`, "
+               "or by hand under mpirun; docs/runtime.md)"};
+  app.add_option("--program", f.job.program_file, "program in the IR's JSON form");
+  app.add_option("--schedule", f.job.schedule_file, "run this schedule of --program (verified first)");
+  app.add_option("--model", f.job.model, "lower this model preset or spec file (with --check: the reference)");
+  app.add_option("--plan", f.job.plan, "parallel plan for --model, or a plan file");
+  app.add_option("--scheduler", f.job.scheduler, "make the schedule with this scheduler")->capture_default_str();
+  app.add_option("--cluster", f.job.cluster, "cluster preset or file the scheduler plans with")->capture_default_str();
+  app.add_option("--profile", f.job.profile, "profile database for the scheduler's cost model");
+  app.add_option("--solver", f.job.options.solver, "concerto: window solver backend")->capture_default_str();
+  AddOptionFlags(&app, &f.job.options);
+  app.add_option("--iterations", f.iterations, "measured iterations")->check(CLI::Range(1, 1000000));
+  app.add_option("--warmup", f.warmup, "iterations run before measuring")->check(CLI::Range(0, 1000000));
+  app.add_flag("--check", f.check, "compare with the unsharded model (needs --model and --plan)");
+  app.add_flag("--json", f.json, "print one JSON object");
+  app.add_option("--trace", f.trace, "write the Chrome trace of the median iteration here");
+  app.add_option("--timeout", f.timeout_s, "seconds an MPI call waits for its peers [s]")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--fail-op", f.fail_op, "fault injection: this op fails on --fail-rank");
+  app.add_option("--fail-rank", f.fail_rank, "fault injection: the rank of --fail-op")->check(CLI::NonNegativeNumber);
+  app.add_option("--kill-op", f.kill_op, "fault injection: the process of --kill-rank dies (SIGKILL) at this op");
+  app.add_option("--kill-rank", f.kill_rank, "fault injection: the rank of --kill-op")->check(CLI::NonNegativeNumber);
+  app.add_option("--status-dir", f.status_dir, "per-rank flight records (for the launcher's message)");
+  app.add_option("--profile-comm", f.profile_comm, "profile mode: time collectives, write the samples here");
+  app.add_option("--profile-specs", f.profile_specs, "profile mode: TYPE:N:BYTES,... (default: a sweep)");
+  app.add_option("--profile-interference", f.profile_interference, "profile mode: also measure interference");
+  app.add_option("--profile-reps", f.profile_reps, "profile mode: repetitions")->check(CLI::Range(1, 1000000));
+  app.add_option("--profile-max-bytes", f.profile_max_bytes, "profile mode: largest size [bytes]")
+      ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    return Status::Error(app.help());
+  } catch (const CLI::ParseError& e) {
+    return Status::Error(std::string(e.what()) + "\n" + app.help());
   }
-#define CONCERTO_FLAG_INT(name, field, min)    \
-  if (a == name) {                             \
-    Result<long long> v = integer(min);        \
-    if (!v.ok()) return v.status();            \
-    field = *v;                                \
-    continue;                                  \
-  }
-    CONCERTO_FLAG_STRING("--program", f.job.program_file)
-    CONCERTO_FLAG_STRING("--schedule", f.job.schedule_file)
-    CONCERTO_FLAG_STRING("--model", f.job.model)
-    CONCERTO_FLAG_STRING("--plan", f.job.plan)
-    CONCERTO_FLAG_STRING("--cluster", f.job.cluster)
-    CONCERTO_FLAG_STRING("--profile", f.job.profile)
-    CONCERTO_FLAG_STRING("--trace", f.trace)
-    CONCERTO_FLAG_STRING("--fail-op", f.fail_op)
-    CONCERTO_FLAG_STRING("--kill-op", f.kill_op)
-    CONCERTO_FLAG_STRING("--status-dir", f.status_dir)
-    CONCERTO_FLAG_STRING("--profile-comm", f.profile_comm)
-    CONCERTO_FLAG_STRING("--profile-specs", f.profile_specs)
-    CONCERTO_FLAG_STRING("--profile-interference", f.profile_interference)
-    CONCERTO_FLAG_INT("--block", f.job.concerto_block_ops, 2)
-    CONCERTO_FLAG_INT("--rounds", f.job.concerto_rounds, 1)
-    CONCERTO_FLAG_INT("--iterations", f.iterations, 1)
-    CONCERTO_FLAG_INT("--warmup", f.warmup, 0)
-    CONCERTO_FLAG_INT("--fail-rank", f.fail_rank, 0)
-    CONCERTO_FLAG_INT("--kill-rank", f.kill_rank, 0)
-    CONCERTO_FLAG_INT("--profile-reps", f.profile_reps, 1)
-    CONCERTO_FLAG_INT("--profile-max-bytes", f.profile_max_bytes, 4096)
-#undef CONCERTO_FLAG_STRING
-#undef CONCERTO_FLAG_INT
-    if (a == "--scheduler") {
-      Result<std::string> v = value();
-      if (!v.ok()) return v.status();
-      f.job.scheduler = *v;
-      f.scheduler_given = true;
-    } else if (a == "--time-budget" || a == "--timeout") {
-      Result<std::string> v = value();
-      if (!v.ok()) return v.status();
-      const double s = std::atof(v->c_str());
-      if (!(s > 0)) return Status::Error(a + " needs a positive number of seconds, got '" + *v + "'");
-      (a == "--timeout" ? f.timeout_s : f.job.concerto_time_budget_s) = s;
-    } else if (a == "--check") {
-      f.check = true;
-    } else if (a == "--json") {
-      f.json = true;
-    } else {
-      return Status::Error("unknown argument '" + a + "'\n" + kUsage);
-    }
-  }
+  f.scheduler_given = app.count("--scheduler") > 0;
   if (!f.profile_comm.empty()) return f;
   const bool file = !f.job.program_file.empty(), model = !f.job.model.empty();
-  if (!file && !model) return Status::Error(std::string("give --program FILE or --model and --plan\n") + kUsage);
+  if (!file && !model) return Status::Error("give --program FILE or --model and --plan (--help for usage)");
   if (model && f.job.plan.empty()) return Status::Error("--model needs --plan");
   if (file && model && !f.check)
     return Status::Error("--program and --model together only with --check (the model names the reference)");
@@ -269,30 +226,24 @@ Result<std::vector<std::vector<OpRecord>>> UnpackRecords(const std::string& s, i
   return out;
 }
 
-/// Rank 0 prepares the job and sends it to every rank ('E' + message on
+/// Rank 0 prepares the job (PrepareJob: scheduled and simulated, kept in
+/// `prepared` for the report) and sends it to every rank ('E' + message on
 /// failure, so that every rank stops); the others receive it.
-Result<ScheduledProgram> ShareJob(MpiCommunicator& comm, const Flags& flags) {
+Result<ScheduledProgram> ShareJob(MpiCommunicator& comm, const Flags& flags, JobResult* prepared) {
   if (comm.rank() != 0) {
     Result<std::string> bytes = comm.RecvBytes(0, kJobTag);
     if (!bytes.ok()) return bytes.status();
     if (bytes->empty() || (*bytes)[0] == 'E') return Status::Error("rank 0 could not prepare the job");
     return UnpackScheduledProgram(bytes->substr(1), "job from rank 0");
   }
-  Result<ScheduledProgram> sp = PrepareJob(flags.job, [](const std::string& line) {
+  Result<JobResult> job = PrepareJob(flags.job, [](const std::string& line) {
     std::fprintf(stderr, "concerto_mpi_run: %s\n", line.c_str());
   });
-  const std::string message = sp.ok() ? "P" + PackScheduledProgram(*sp) : std::string("E");
+  const std::string message = job.ok() ? "P" + PackScheduledProgram(job->run.scheduled) : std::string("E");
   for (int r = 1; r < comm.size(); ++r) CONCERTO_RETURN_IF_ERROR(comm.SendBytes(message, r, kJobTag));
-  return sp;
-}
-
-/// Writes `text` to `path`.
-Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  if (!out) return Status::Error(path + ": cannot open for writing");
-  out << text;
-  if (!out) return Status::Error(path + ": write failed");
-  return Status::Ok();
+  if (!job.ok()) return job.status();
+  *prepared = std::move(job).value();
+  return prepared->run.scheduled;
 }
 
 /// --profile-comm: times collectives over MPI; rank 0 writes the samples.
@@ -312,7 +263,7 @@ Status ProfileCommMode(MpiCommunicator& comm, const Flags& flags) {
   Result<std::vector<CollectiveSample>> samples = ProfileCollectives(comm, specs, flags.profile_reps);
   if (!samples.ok()) return samples.status();
   if (comm.rank() == 0)
-    CONCERTO_RETURN_IF_ERROR(WriteFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size())));
+    CONCERTO_RETURN_IF_ERROR(WriteTextFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size())));
   if (flags.profile_interference.empty()) return Status::Ok();
   // Compute slowed by an all_reduce in flight on a second thread of this
   // process, over MPI as in a run (the world group exists already).
@@ -321,7 +272,7 @@ Status ProfileCommMode(MpiCommunicator& comm, const Flags& flags) {
   Result<InterferenceMeasurement> m = MeasureInterference(comm, options);
   if (!m.ok()) return m.status();
   if (comm.rank() != 0) return Status::Ok();
-  return WriteFile(flags.profile_interference, WriteInterference(*m));
+  return WriteTextFile(flags.profile_interference, WriteInterference(*m));
 }
 
 /// The whole tool; returns the process exit code.
@@ -345,7 +296,8 @@ int Main(int argc, char** argv) {
     Status st = ProfileCommMode(comm, *flags);
     return st.ok() ? 0 : fail(st.message());
   }
-  Result<ScheduledProgram> sp = ShareJob(comm, *flags);
+  JobResult prepared;  // rank 0: the job's cost model and simulated run
+  Result<ScheduledProgram> sp = ShareJob(comm, *flags, &prepared);
   if (!sp.ok()) return rank == 0 ? fail(sp.status().message()) : 1;
   if (sp->program.mesh.NumRanks() != comm.size())
     return fail("the program needs " + std::to_string(sp->program.mesh.NumRanks()) + " ranks, mpirun started " +
@@ -439,7 +391,7 @@ int Main(int argc, char** argv) {
     if (rank != 0) {
       if (Status st = comm.SendBytes(PackTensors(first), 0, kTensorsTag); !st.ok()) return fail(st.message());
     } else {
-      RunResult run;
+      ExecutionResult run;
       run.ranks.resize(comm.size());
       run.ranks[0] = std::move(first);
       for (int r = 1; r < comm.size(); ++r) {
@@ -459,18 +411,18 @@ int Main(int argc, char** argv) {
   Result<MeasuredJob> job = SummarizeMeasuredJob(sp->program, records, flags->warmup);
   if (!job.ok()) return fail(job.status().message());
   job->check = check_summary;
-  Result<std::unique_ptr<CostModel>> cost = MakeJobCostModel(flags->job.cluster, flags->job.profile);
-  if (!cost.ok()) return fail(cost.status().message());
+  const CostModel& cost = *prepared.cost;
+  const Summary* predicted = &prepared.run.summary;
   if (!flags->trace.empty()) {
-    if (Status st = WriteFile(flags->trace, ChromeTrace(*sp, job->timeline)); !st.ok()) return fail(st.message());
+    if (Status st = WriteTextFile(flags->trace, ChromeTrace(*sp, job->timeline)); !st.ok()) return fail(st.message());
     std::fprintf(stderr, "concerto_mpi_run: trace of the median iteration written to %s\n", flags->trace.c_str());
   }
   if (flags->json) {
-    nlohmann::json j = MeasuredJobJson(*sp, *job, **cost);
+    nlohmann::json j = MeasuredJobJson(*sp, *job, cost, predicted);
     j["backend"] = "mpi";
     std::printf("%s\n", DumpJson(j, 2).c_str());
   } else {
-    std::printf("%s", MeasuredJobText(*sp, *job, **cost).c_str());
+    std::printf("%s", MeasuredJobText(*sp, *job, cost, predicted).c_str());
     if (flags->check)
       std::printf("mpi check passed: %s on %d ranks: %s\n", sp->schedule.scheduler.c_str(), comm.size(),
                   check_summary.c_str());

@@ -58,12 +58,8 @@ struct RankRun {
   int64_t peak_memory_bytes = 0;
 };
 
-/// A whole run: the measured timeline of every rank and every rank's tensors.
-/// Named ExecutionResult so that its symbols never collide with the
-/// driver's RunResult (driver/driver.h) in a binary that links both (the
-/// `concerto` CLI); runtime code may keep calling it RunResult (an alias
-/// mangles as ExecutionResult). The two headers still cannot be included in
-/// one translation unit.
+/// A whole run: the measured timeline of every rank and every rank's tensors
+/// (the driver's RunResult, driver/driver.h, is a simulated scheduler run).
 struct ExecutionResult {
   Timeline timeline;
   std::vector<RankTensors> ranks;  // indexed by rank
@@ -74,7 +70,6 @@ struct ExecutionResult {
   /// The tensors of `rank` (asserts it was run).
   const RankTensors& Rank(int rank) const;
 };
-using RunResult = ExecutionResult;
 
 /// Everything that must hold before a run starts: the program verifies,
 /// the schedule verifies against it (VerifySchedule), and every compute op
@@ -133,14 +128,14 @@ class RankSession {
 /// Runs every rank of `sp` in this process, one thread group per rank over a
 /// FakeWorld. Refuses a program or schedule that CheckRunnable rejects.
 /// The error of a failed run is the first failure (not the aborts it caused).
-Result<RunResult> RunInProcess(const ScheduledProgram& sp, const RunOptions& options = {});
+Result<ExecutionResult> RunInProcess(const ScheduledProgram& sp, const RunOptions& options = {});
 
 /// RunInProcess `steps` times on buffers initialised once (a RankSession
 /// per rank). `per_step` (optional) gets every step's records ([step][rank]).
 /// The result holds the last step's timeline and the tensors as they were
 /// after the FIRST step (copied then when steps > 1): what a reference
 /// check compares. Errors: steps < 1, and those of RunInProcess.
-Result<RunResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions& options, int steps,
+Result<ExecutionResult> RunInProcessSteps(const ScheduledProgram& sp, const RunOptions& options, int steps,
                                     std::vector<std::vector<std::vector<OpRecord>>>* per_step = nullptr);
 
 /// Assembles per-rank records into a Timeline (ranks, makespan, per-stream

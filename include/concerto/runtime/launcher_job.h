@@ -1,51 +1,19 @@
-// A run job: which program, which schedule (a file, a baseline, or the
-// Concerto scheduler), how many measured iterations; and the figures of a
-// measured run (median iteration, its timeline). Shared by `concerto run`
-// and concerto_mpi_run, so that both prepare and report a job the same way.
-// This header does not include executor.h (the driver has its own
-// RunResult type); launcher_check.h has the executor-facing parts.
+// The figures of a measured run (every iteration's time, the timeline of the
+// median one), running a scheduled program in process for several
+// iterations, and packing a scheduled program for other ranks. Shared by
+// `concerto run` and concerto_mpi_run; the job that produces the scheduled
+// program is the driver's (driver/job.h).
 #pragma once
 
-#include <functional>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "concerto/cost/cost_model.h"
+#include "concerto/runtime/executor.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/sim/simulator.h"
 #include "concerto/util/status.h"
 
 namespace concerto {
-
-/// Where the program and its schedule come from.
-struct JobSpec {
-  std::string program_file;   // a lowered program (IR JSON), or
-  std::string model, plan;    // a model (preset or spec file) lowered under a plan
-  std::string schedule_file;  // a schedule for the program (verified), or
-  std::string scheduler = "fifo";  // a baseline name or "concerto"
-  /// The cost model the scheduler plans with: a cluster preset or file,
-  /// plus an optional profile database.
-  std::string cluster = "a800-4x8";
-  std::string profile;
-  /// Concerto scheduler settings (see docs/concerto.md).
-  int concerto_block_ops = 125;
-  int concerto_rounds = 4;
-  double concerto_time_budget_s = 60;
-};
-
-/// The cost model of `cluster` (preset or file) and optional `profile`.
-Result<std::unique_ptr<CostModel>> MakeJobCostModel(const std::string& cluster, const std::string& profile);
-
-/// Loads or lowers the program, makes or reads its schedule and checks that
-/// the runtime can run the pair (CheckRunnable: the program verifies, the
-/// schedule passes the verifier, every compute op has a kernel). A schedule
-/// that fails verification is refused here, before anything is launched,
-/// with the verifier's message. `progress` gets one line per step.
-Result<ScheduledProgram> PrepareJob(const JobSpec& spec,
-                                    const std::function<void(const std::string&)>& progress = nullptr);
 
 /// A measured run: every measured iteration's time, and the timeline of the
 /// median one (times since each rank left the start barrier).
@@ -69,27 +37,12 @@ Result<MeasuredJob> SummarizeMeasuredJob(const Program& program,
                                          const std::vector<std::vector<std::vector<OpRecord>>>& records,
                                          int warmup);
 
-/// One JSON object: the scheduler, ranks, iteration_us, median/min/max
-/// iteration_us, and the figures of the median iteration on the rank with
-/// most exposed communication (compute/comm busy, exposed comm, overlap).
-nlohmann::json MeasuredJobJson(const ScheduledProgram& sp, const MeasuredJob& job, const CostModel& cost);
-/// The same as a few lines of text.
-std::string MeasuredJobText(const ScheduledProgram& sp, const MeasuredJob& job, const CostModel& cost);
-
-/// A run in this process (threads as ranks over FakeWorld).
-struct LocalJobOptions {
-  int iterations = 1;
-  int warmup = 0;
-  double timeout_s = 30;
-  bool check = false;         // compare the first step with the unsharded reference
-  std::string model, plan;    // the reference's model and plan (check), and init layouts
-  std::string fail_op;        // fault injection: this op fails on fail_rank
-  int fail_rank = -1;
-};
-/// Runs `sp` warmup + iterations times in process (buffers initialised
-/// once) and measures the last `iterations`; with check, job.check holds the reference's summary (a
-/// mismatch is an error naming the first diverging tensor).
-Result<MeasuredJob> RunLocalJob(const ScheduledProgram& sp, const LocalJobOptions& options);
+/// Runs `sp` in this process (threads as ranks) `warmup + iterations` times
+/// on buffers initialised once (RunInProcessSteps) and measures the last
+/// `iterations`; `first` (when not null) gets the tensors after the first
+/// step, for the reference check.
+Result<MeasuredJob> RunJobInProcess(const ScheduledProgram& sp, const RunOptions& options, int iterations,
+                                    int warmup, ExecutionResult* first = nullptr);
 
 /// Serialises a scheduled program (program and schedule JSON) for sending
 /// to other ranks, and reads it back (verified again by the reader).

@@ -58,13 +58,13 @@ struct GlobalTensor {
 /// The step loss of a run: the mean of every cross_entropy output on every
 /// rank (each is the mean over its rank's tokens of one micro-batch, the
 /// convention of the decoder frontend; tensor-parallel replicas agree).
-Result<double> StepLoss(const ScheduledProgram& sp, const RunResult& run);
+Result<double> StepLoss(const ScheduledProgram& sp, const ExecutionResult& run);
 
 /// Gathers the tensor at position `position` of the inputs (or outputs) of
 /// the op called `op_name` on every rank that has such an op into its
 /// logical global tensor. Errors: no rank has the op, a partial-sum tensor,
 /// ranks that disagree on the global shape, elements no rank holds.
-Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const RunResult& run,
+Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const ExecutionResult& run,
                                     const std::string& op_name, bool output, int position,
                                     const std::vector<SegmentedLayout>& layouts);
 
@@ -73,8 +73,8 @@ Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const RunResult&
 /// op name) its gradient input and its updated parameter. Ok with the
 /// report, or an error naming the first diverging tensor, its max error,
 /// where, and how many tensors diverged.
-Result<ReferenceReport> CompareToReference(const ScheduledProgram& ref_sp, const RunResult& ref_run,
-                                           const ScheduledProgram& sp, const RunResult& run,
+Result<ReferenceReport> CompareToReference(const ScheduledProgram& ref_sp, const ExecutionResult& ref_run,
+                                           const ScheduledProgram& sp, const ExecutionResult& run,
                                            const Tolerance& tolerance,
                                            const std::vector<SegmentedLayout>& layouts);
 

@@ -1,6 +1,7 @@
-// Reading input files within documented limits (docs/ir.md, "Limits"): every
-// reader goes through ReadInputFile, so a small or degenerate file cannot make
-// a reader use memory or time out of proportion to its size.
+// Files: reading input files within documented limits (docs/ir.md, "Limits"):
+// every reader goes through ReadInputFile, so a small or degenerate file cannot
+// make a reader use memory or time out of proportion to its size; and the one
+// way output files are written (WriteTextFile).
 #pragma once
 
 #include <cstdint>
@@ -28,5 +29,8 @@ Result<std::string> ReadInputFile(const std::string& path, std::string_view what
 /// Ok, or an error naming `source`, the line and the limit, when `text` holds
 /// more than kMaxWhitespaceRun whitespace characters in a row.
 Status CheckWhitespaceRuns(std::string_view text, const std::string& source);
+
+/// Writes `text` to `path` (created or truncated). Errors name the path.
+Status WriteTextFile(const std::string& path, std::string_view text);
 
 }  // namespace concerto

@@ -1,6 +1,6 @@
 // Profiling: kernels by signature, collectives by (type, group, bytes), and
 // the least-squares fits that turn them into a cpu-local cluster spec.
-#include "concerto/runtime/profile.h"
+#include "concerto/profile/profile.h"
 #include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
