@@ -327,11 +327,18 @@ std::string_view ToString(SolveStatus status) {
   return "unknown";
 }
 
+// CBC is optional (CMake: CONCERTO_WITH_CBC); Gecode is always built.
+#ifdef CONCERTO_WITH_CBC
 std::vector<std::string> WindowSolverNames() { return {"gecode", "cbc"}; }
+#else
+std::vector<std::string> WindowSolverNames() { return {"gecode"}; }
+#endif
 
 Result<std::unique_ptr<WindowSolver>> MakeWindowSolver(const std::string& name) {
   if (name == "gecode") return NewGecodeWindowSolver();
+#ifdef CONCERTO_WITH_CBC
   if (name == "cbc") return NewCbcWindowSolver();
+#endif
   std::string known;
   for (const std::string& n : WindowSolverNames()) known += (known.empty() ? "" : ", ") + n;
   return Status::Error("unknown window solver '" + name + "' (known: " + known + ")");
