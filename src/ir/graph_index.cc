@@ -1,5 +1,9 @@
 #include "concerto/ir/graph_index.h"
 
+#include <cassert>
+
+#include "concerto/ir/graph_order.h"
+
 #include <algorithm>
 #include <queue>
 
@@ -57,23 +61,9 @@ GraphIndex GraphIndex::Build(const Graph& graph) {
 }
 
 std::vector<int> KahnOrder(const std::vector<std::vector<int>>& preds, const std::vector<std::vector<int>>& succs) {
-  const int n = static_cast<int>(preds.size());
-  std::vector<int> indegree(n, 0);
-  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
-  for (int i = 0; i < n; ++i) {
-    indegree[i] = static_cast<int>(preds[i].size());
-    if (indegree[i] == 0) ready.push(i);
-  }
-  std::vector<int> order;
-  order.reserve(n);
-  while (!ready.empty()) {
-    int i = ready.top();
-    ready.pop();
-    order.push_back(i);
-    for (int s : succs[i])
-      if (--indegree[s] == 0) ready.push(s);
-  }
-  return order;
+  assert(preds.size() == succs.size() && "one predecessor and one successor list per node");
+  (void)preds;  // the in-degrees come from the successor lists (graph_order.h)
+  return KahnOrderBy(succs);
 }
 
 std::vector<int> TopologicalOrder(const Graph& /*graph*/, const GraphIndex& index) {

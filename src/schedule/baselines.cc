@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "baseline_internal.h"
+#include "concerto/ir/graph_order.h"
 #include "concerto/decompose/decompose.h"
 #include "concerto/schedule/fusion.h"
 #include "concerto/schedule/scheduler.h"
@@ -29,29 +30,13 @@ Result<std::vector<int>> ProgramPositions(const Graph& graph, const GraphIndex& 
 }
 
 std::vector<int> PriorityOrder(const GraphIndex& index, const std::vector<LaunchKey>& keys) {
-  const int n = static_cast<int>(keys.size());
-  using Entry = std::pair<LaunchKey, int>;
-  auto later = [](const Entry& a, const Entry& b) {
-    if (b.first < a.first) return true;
-    if (a.first < b.first) return false;
-    return a.second > b.second;
-  };
-  std::priority_queue<Entry, std::vector<Entry>, decltype(later)> ready(later);
-  std::vector<int> indegree(n);
-  for (int i = 0; i < n; ++i) {
-    indegree[i] = static_cast<int>(index.preds[i].size());
-    if (indegree[i] == 0) ready.push({keys[i], i});
-  }
-  std::vector<int> order;
-  order.reserve(n);
-  while (!ready.empty()) {
-    int i = ready.top().second;
-    ready.pop();
-    order.push_back(i);
-    for (int s : index.succs[i])
-      if (--indegree[s] == 0) ready.push({keys[s], s});
-  }
-  assert(static_cast<int>(order.size()) == n && "PriorityOrder on a cyclic graph");
+  // The smallest (key, index) among the ready ops first.
+  std::vector<int> order = KahnOrderBy(index.succs, [&keys](int a, int b) {
+    if (keys[a] < keys[b]) return true;
+    if (keys[b] < keys[a]) return false;
+    return a < b;
+  });
+  assert(order.size() == keys.size() && "PriorityOrder on a cyclic graph");
   return order;
 }
 

@@ -20,6 +20,7 @@
 #include <unordered_map>
 
 #include "concerto/ir/graph_index.h"
+#include "concerto/ir/graph_order.h"
 #include "concerto/schedule/fusion_pass.h"
 #include "concerto/schedule/list_schedule.h"
 #include "concerto/sim/lower_bound.h"
@@ -307,31 +308,10 @@ void ResortChanged(RoleSearch& r, const std::vector<int>& changed) {
 /// As-soon-as-possible start ticks for the current per-stream orders.
 void Compact(RoleSearch& r) {
   const int n = static_cast<int>(r.graph->ops.size());
-  std::vector<int> indeg(n, 0), next(n, -1);
-  for (const auto& o : r.order)
-    for (size_t k = 0; k + 1 < o.size(); ++k) next[o[k]] = o[k + 1];
-  for (int i = 0; i < n; ++i) {
-    indeg[i] += static_cast<int>(r.index->preds[i].size());
-    if (next[i] >= 0) indeg[next[i]]++;
-  }
-  std::vector<int> stack;
-  for (int i = 0; i < n; ++i)
-    if (indeg[i] == 0) stack.push_back(i);
-  std::vector<int64_t> t(n, 0);
-  int done = 0;
-  while (!stack.empty()) {
-    int i = stack.back();
-    stack.pop_back();
-    ++done;
-    auto relax = [&](int s) {
-      t[s] = std::max(t[s], t[i] + r.dur[i]);
-      if (--indeg[s] == 0) stack.push_back(s);
-    };
-    for (int s : r.index->succs[i]) relax(s);
-    if (next[i] >= 0) relax(next[i]);
-  }
-  assert(done == n && "stream orders form a cycle");
-  r.t = std::move(t);
+  AsapResult<int64_t> asap = AsapStarts(
+      n, [&](int i, auto&& fn) { for (int s : r.index->succs[i]) fn(s); }, StreamSuccessors(n, r.order), {}, r.dur);
+  assert(asap.complete() && "stream orders form a cycle");
+  r.t = std::move(asap.start);
 }
 
 /// As-soon-as-possible start ticks of every role at once for the current
@@ -342,48 +322,33 @@ void Compact(RoleSearch& r) {
 /// pipeline's fill, bubbles and drain show. Sets each role's `t` and `meet`.
 /// Returns false, changing nothing, when the orders deadlock across roles.
 bool JoinedCompact(std::vector<RoleSearch>& roles, const std::vector<std::vector<RoleOp>>& partner) {
+  // One node per op of every role (role k's ops from base[k]), joined at
+  // each send/recv pair.
   std::vector<int> base;
   int n = 0;
   for (const RoleSearch& r : roles) base.push_back(n), n += static_cast<int>(r.graph->ops.size());
   std::vector<int> other(n, -1), next(n, -1);  // partner node, next op on the stream
+  std::vector<int64_t> dur(n, 0);
   for (size_t k = 0; k < roles.size(); ++k) {
     const RoleSearch& r = roles[k];
     assert(r.role == static_cast<int>(k) && "one RoleSearch per program role, in order");
     for (const auto& o : r.order)
       for (size_t q = 0; q + 1 < o.size(); ++q) next[base[k] + o[q]] = base[k] + o[q + 1];
-    for (size_t i = 0; i < r.graph->ops.size(); ++i)
+    for (size_t i = 0; i < r.graph->ops.size(); ++i) {
+      dur[base[k] + i] = r.dur[i];
       if (const RoleOp p = partner[r.role][i]; p.role >= 0) other[base[k] + i] = base[p.role] + p.op;
-  }
-  auto unit = [&](int v) { return other[v] >= 0 ? std::min(v, other[v]) : v; };
-  auto role_of = [&](int v) { return static_cast<int>(std::upper_bound(base.begin(), base.end(), v) - base.begin()) - 1; };
-  std::vector<int> indeg(n, 0);
-  auto for_each_succ = [&](int v, auto&& fn) {
-    const int k = role_of(v);
-    for (int s : roles[k].index->succs[v - base[k]]) fn(base[k] + s);
-    if (next[v] >= 0) fn(next[v]);
-  };
-  for (int v = 0; v < n; ++v) for_each_succ(v, [&](int s) { indeg[unit(s)]++; });
-  std::vector<int64_t> earliest(n, 0), t(n, 0);
-  std::vector<int> stack;
-  for (int v = 0; v < n; ++v)
-    if (unit(v) == v && indeg[v] == 0) stack.push_back(v);
-  int done = 0;
-  while (!stack.empty()) {
-    const int u = stack.back();
-    stack.pop_back();
-    const int64_t start = other[u] >= 0 ? std::max(earliest[u], earliest[other[u]]) : earliest[u];
-    for (int m : {u, other[u]}) {
-      if (m < 0) continue;
-      ++done;
-      t[m] = start;
-      const int64_t end = start + roles[role_of(m)].dur[m - base[role_of(m)]];
-      for_each_succ(m, [&](int s) {
-        earliest[s] = std::max(earliest[s], end);
-        if (--indeg[unit(s)] == 0) stack.push_back(unit(s));
-      });
     }
   }
-  if (done != n) return false;
+  auto role_of = [&](int v) { return static_cast<int>(std::upper_bound(base.begin(), base.end(), v) - base.begin()) - 1; };
+  const AsapResult<int64_t> asap = AsapStarts(
+      n,
+      [&](int v, auto&& fn) {
+        const int k = role_of(v);
+        for (int s : roles[k].index->succs[v - base[k]]) fn(base[k] + s);
+      },
+      next, other, dur);
+  if (!asap.complete()) return false;
+  const std::vector<int64_t>& t = asap.start;
   for (size_t k = 0; k < roles.size(); ++k) {
     RoleSearch& r = roles[k];
     const int ops = static_cast<int>(r.graph->ops.size());

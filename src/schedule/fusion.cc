@@ -1,6 +1,7 @@
 // FuseCollectives: merges groups of compatible collectives into one op each.
 // Semantics of a fused op: flatten every member input, concatenate, run one
 // collective, split the result back into the member outputs (in member order).
+#include "concerto/ir/graph_order.h"
 #include "concerto/schedule/fusion.h"
 
 #include <algorithm>
@@ -121,8 +122,7 @@ Status CheckAcyclicAfterFusion(const Graph& graph, const GraphIndex& index,
                                const std::vector<int>& group_of) {
   const int n = static_cast<int>(graph.ops.size());
   const int g = static_cast<int>(groups.size());
-  std::vector<std::vector<int>> succ(g + n);
-  std::vector<int> indegree(g + n, 0);
+  std::vector<std::vector<int>> succ(g + n);  // a member has none: it stands in its group node
   for (int i = 0; i < n; ++i) {
     for (int s : index.succs[i]) {
       int a = NodeOf(i, group_of, g), b = NodeOf(s, group_of, g);
@@ -131,28 +131,15 @@ Status CheckAcyclicAfterFusion(const Graph& graph, const GraphIndex& index,
         continue;  // a control dep between two members: dropped by the fusion
       }
       succ[a].push_back(b);
-      ++indegree[b];
     }
   }
-  std::queue<int> ready;
-  int live = 0;
-  for (int v = 0; v < g + n; ++v) {
-    if (v >= g && group_of[v - g] >= 0) continue;  // a member: stands in its group node
-    ++live;
-    if (indegree[v] == 0) ready.push(v);
-  }
-  int visited = 0;
-  while (!ready.empty()) {
-    int v = ready.front();
-    ready.pop();
-    ++visited;
-    for (int s : succ[v])
-      if (--indegree[s] == 0) ready.push(s);
-  }
-  if (visited == live) return Status::Ok();
+  const std::vector<int> order = KahnOrderBy(succ);
+  if (order.size() == succ.size()) return Status::Ok();
+  std::vector<char> taken(succ.size(), 0);
+  for (int v : order) taken[v] = 1;
   int stuck = -1;  // a group left in the cycle; prefer one with a member path
   for (int k = 0; k < g; ++k) {
-    if (indegree[k] == 0) continue;
+    if (taken[k]) continue;
     int from = 0, to = 0;
     if (FindMemberPath(graph, index, groups[k], from, to)) return CycleError(graph, index, groups, k);
     if (stuck < 0) stuck = k;

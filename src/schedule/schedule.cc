@@ -14,6 +14,7 @@
 #include <unordered_map>
 
 #include "concerto/ir/graph_index.h"
+#include "concerto/ir/graph_order.h"
 
 namespace concerto {
 
@@ -235,35 +236,17 @@ void CheckOrder(const RoleView& v, const std::string& where, std::vector<std::st
     }
   }
   if (out.size() != before) return;
-  // Kahn over data/control edges plus stream-successor edges.
-  std::vector<int> indeg(n, 0);
-  std::vector<int> next(n, -1);
-  for (const auto& order : v.orders)
-    for (size_t k = 0; k + 1 < order.size(); ++k) next[order[k]] = order[k + 1];
+  // The ASAP walk over data/control edges plus stream order: an op it
+  // never starts waits in a cycle.
+  const AsapResult<int> asap = AsapStarts(
+      n, [&](int i, auto&& fn) { for (int s : v.index->succs[i]) fn(s); }, StreamSuccessors(n, v.orders), {},
+      std::vector<int>(n, 0));
+  if (asap.complete()) return;
   for (int i = 0; i < n; ++i) {
-    indeg[i] += static_cast<int>(v.index->preds[i].size());
-    if (next[i] >= 0) indeg[next[i]]++;
-  }
-  std::vector<int> stack;
-  for (int i = 0; i < n; ++i)
-    if (indeg[i] == 0) stack.push_back(i);
-  int seen = 0;
-  while (!stack.empty()) {
-    int i = stack.back();
-    stack.pop_back();
-    ++seen;
-    for (int s : v.index->succs[i])
-      if (--indeg[s] == 0) stack.push_back(s);
-    if (next[i] >= 0 && --indeg[next[i]] == 0) stack.push_back(next[i]);
-  }
-  if (seen < n) {
-    for (int i = 0; i < n; ++i) {
-      if (indeg[i] > 0) {
-        out.push_back(where + ": deadlock: " + OpLabel(g.ops[i]) +
-                      " waits in a cycle of dependencies and stream order (" +
-                      std::to_string(n - seen) + " ops stuck)");
-        break;
-      }
+    if (!asap.started[i]) {
+      out.push_back(where + ": deadlock: " + OpLabel(g.ops[i]) + " waits in a cycle of dependencies and stream order (" +
+                    std::to_string(n - asap.count) + " ops stuck)");
+      break;
     }
   }
 }

@@ -31,7 +31,8 @@ struct GraphIndex {
 };
 
 /// Kahn's algorithm over adjacency lists, smallest ready index first
-/// (deterministic). Shorter than preds.size() when there is a cycle.
+/// (deterministic; KahnOrderBy of graph_order.h). Shorter than preds.size()
+/// when there is a cycle.
 std::vector<int> KahnOrder(const std::vector<std::vector<int>>& preds, const std::vector<std::vector<int>>& succs);
 
 /// Op indices in a topological order that keeps program order where it can
