@@ -43,6 +43,11 @@ contains overflow_message "$TMP/err" "overflows"
 check option_not_a_switch 2 "$BIN" schedule "$ROOT/tests/golden/overlap_fifo.json" --list-schedule 0.5 -o "$TMP/s.json"
 contains option_switch_message "$TMP/err" "option --list-schedule: 0.5 is not 0 or 1"
 check bad_cluster 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --cluster no-such-cluster
+# Every scheduler option is a flag (the option table), and --json reports them all.
+check options_settable 0 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --scheduler concerto --fuse 0 --threads 1 --reuse-windows 0 --json
+contains options_json_fuse "$TMP/out" '"fuse": 0.0'
+contains options_json_threads "$TMP/out" '"threads": 1.0'
+contains options_json_solver "$TMP/out" '"solver": "gecode"'
 check validate_golden 0 "$BIN" validate "$ROOT/tests/golden/send_recv.json"
 check simulate_json 0 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --scheduler fifo --json --trace "$TMP/t.json"
 for field in makespan_us lower_bound_us exposed_comm_us scheduler overlap_ratio; do

@@ -567,4 +567,8 @@ std::string ClusterToJson(const ClusterSpec& spec) {
   return DumpJson(j, 2) + "\n";
 }
 
+double EffectiveInterference(double requested, const ClusterSpec& cluster) {
+  return requested >= 0 ? requested : cluster.interference;
+}
+
 }  // namespace concerto

@@ -377,7 +377,7 @@ void ApplyRewrites(Graph& g, std::vector<Rewrite>& rewrites) {
 void DecomposeGraph(Graph& g, const Mesh& mesh, int rank, const CostModel& cost, const DecomposeOptions& options,
                     const std::map<int, double>* exposed, DecomposeReport* report) {
   const GraphIndex index = GraphIndex::Build(g);
-  const double f = options.interference >= 0 ? options.interference : cost.cluster().interference;
+  const double f = EffectiveInterference(options.interference, cost.cluster());
   int next_id = 0;
   for (const auto& op : g.ops) next_id = std::max(next_id, op.id + 1);
   std::vector<Rewrite> rewrites;
@@ -459,6 +459,16 @@ Result<DecomposeReport> DecomposeCollectives(Program& program, const CostModel& 
     DecomposeGraph(g, program.mesh, rank, cost, options, graph_exposed, &report);
   }
   return report;
+}
+
+const std::vector<OptionRecord<DecomposeOptions>>& DecomposeOptionRecords() {
+  static const std::vector<OptionRecord<DecomposeOptions>> records = {
+      {"decompose", "chunks", 0, 64,
+       "concerto: most chunks the decomposition pass cuts a matmul and its exposed activation collective into "
+       "(0 or 1: off)",
+       &DecomposeOptions::max_chunks},
+  };
+  return records;
 }
 
 }  // namespace concerto

@@ -20,7 +20,7 @@ std::vector<std::string> SchedulerNames() {
 }
 
 int64_t MemoryBudgetBytes(const Options& options, const ClusterSpec& cluster) {
-  const double v = options.Get("memory-budget");
+  const double v = options.memory_budget;
   return v < 0 ? cluster.DeviceBudgetBytes() : static_cast<int64_t>(v);
 }
 
@@ -31,19 +31,9 @@ ConcertoOptions ToConcertoOptions(const Options& options, const ClusterSpec& clu
 }
 
 ConcertoOptions ToConcertoOptions(const Options& options) {
-  ConcertoOptions c;
-  c.solver = options.solver;
-  c.block_ops = static_cast<int>(options.Get("block"));
-  c.rounds = static_cast<int>(options.Get("rounds"));
-  c.stall_rounds = static_cast<int>(options.Get("stall-rounds"));
-  c.window_fail_limit = static_cast<int64_t>(options.Get("window-fail-limit"));
-  c.window_time_limit_s = options.Get("window-time-limit");
-  c.time_budget_s = options.Get("time-budget");
-  c.baselines = ToBaselineOptions(options);
-  c.sim.interference = options.Get("interference");
-  c.sim.share_links = static_cast<int>(options.Get("share-links"));
-  c.memory_budget_bytes = std::max<int64_t>(0, static_cast<int64_t>(options.Get("memory-budget")));
-  c.list_schedule = options.Get("list-schedule") != 0;
+  ConcertoOptions c = options.concerto;
+  c.sim.all_ranks = false;  // candidates are simulated one representative per role where exact
+  c.memory_budget_bytes = std::max<int64_t>(0, static_cast<int64_t>(options.memory_budget));
   return c;
 }
 
@@ -96,9 +86,8 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
 }
 
 DecomposeOptions ToDecomposeOptions(const Options& options) {
-  DecomposeOptions d;
-  d.max_chunks = static_cast<int>(options.Get("decompose"));
-  d.interference = options.Get("interference");
+  DecomposeOptions d = options.decompose;
+  d.interference = options.concerto.sim.interference;
   return d;
 }
 
@@ -121,22 +110,12 @@ nlohmann::json DecomposeReportJson(const DecomposeReport& r) {
           {"rejected_reason", r.rejected_reason}};
 }
 
-BaselineOptions ToBaselineOptions(const Options& options) {
-  BaselineOptions b;
-  b.ddp_first_bucket_bytes = static_cast<int64_t>(options.Get("ddp-first-bucket") * (1 << 20));
-  b.ddp_bucket_bytes = static_cast<int64_t>(options.Get("ddp-bucket") * (1 << 20));
-  b.megatron_bucket_min_params = static_cast<int64_t>(options.Get("megatron-bucket"));
-  b.zero_reduce_bucket_elements = static_cast<int64_t>(options.Get("zero-reduce-bucket"));
-  b.zero_prefetch_bucket_elements = static_cast<int64_t>(options.Get("zero-prefetch-bucket"));
-  return b;
-}
+BaselineOptions ToBaselineOptions(const Options& options) { return options.concerto.baselines; }
 
 namespace {
 
 SimOptions ToSimOptions(const Options& options) {
-  SimOptions s;
-  s.interference = options.Get("interference");
-  s.share_links = static_cast<int>(options.Get("share-links"));
+  SimOptions s = options.concerto.sim;
   s.all_ranks = options.all_ranks;
   return s;
 }
@@ -173,8 +152,8 @@ Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Opt
   Result<Timeline> timeline = Simulate(sp, cost, ToSimOptions(options), indexes);
   if (!timeline.ok()) return timeline.status();
   RunResult run{std::move(sp), std::move(timeline).value(), {}, std::nullopt, std::nullopt};
-  const double f = ToSimOptions(options).interference;
-  run.summary = Summarize(run.scheduled, run.timeline, cost, f >= 0 ? f : cost.cluster().interference);
+  run.summary = Summarize(run.scheduled, run.timeline, cost,
+                          EffectiveInterference(options.concerto.sim.interference, cost.cluster()));
   run.summary.memory_budget_bytes = MemoryBudgetBytes(options, cost.cluster());
   run.summary.fits_memory =
       run.summary.memory_budget_bytes <= 0 || run.summary.peak_memory_bytes <= run.summary.memory_budget_bytes;
@@ -245,7 +224,7 @@ Result<RunResult> RunScheduler(const Program& program, const std::string& schedu
     ConcertoReport report;
     ConcertoOptions co = ToConcertoOptions(options, cost.cluster());
     Result<ScheduledProgram> sp = RunConcerto(*input, cost, co, &report, progress);
-    if (!sp.ok() && report.memory_infeasible && options.Get("memory-budget") < 0) {
+    if (!sp.ok() && report.memory_infeasible && options.memory_budget < 0) {
       // Nothing fits the device's default budget: say so, and show the
       // fastest schedule, marked over the budget (an explicit budget that
       // nothing meets stays an error).

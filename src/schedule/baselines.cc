@@ -481,4 +481,23 @@ Result<ScheduledProgram> RunBaseline(const std::string& name, const Program& pro
   return out;
 }
 
+const std::vector<OptionRecord<BaselineOptions>>& BaselineOptionRecords() {
+  static const std::vector<OptionRecord<BaselineOptions>> records = {
+      {"ddp-first-bucket", "MiB", 0.001, 1 << 20, "DDP: size of the first gradient bucket",
+       &BaselineOptions::ddp_first_bucket_bytes, 1 << 20},
+      {"ddp-bucket", "MiB", 0.001, 1 << 20, "DDP: size of later gradient buckets", &BaselineOptions::ddp_bucket_bytes,
+       1 << 20},
+      {"megatron-bucket", "parameters", 1, 1e12, "Megatron: minimum gradient bucket (the bucket is max(this, 1e6 x dp))",
+       &BaselineOptions::megatron_bucket_min_params},
+      {"zero-reduce-bucket", "elements", 1, 1e13, "ZeRO: reduce-scatter bucket size",
+       &BaselineOptions::zero_reduce_bucket_elements},
+      {"zero-prefetch-bucket", "elements", 1, 1e13, "ZeRO: all-gather prefetch bucket size",
+       &BaselineOptions::zero_prefetch_bucket_elements},
+      {"te-overlap-chunks", "chunks", 2, 64,
+       "megatron-tp-overlap: chunks per all-gather / reduce-scatter and its GEMM (TransformerEngine's num_splits)",
+       &BaselineOptions::te_overlap_chunks},
+  };
+  return records;
+}
+
 }  // namespace concerto

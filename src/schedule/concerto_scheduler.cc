@@ -590,7 +590,7 @@ class Search {
     // The plain bound and the (linear-time) interference bound of the
     // simulation the search measures with; the propagation bound is left to
     // the driver's summary (up to a second per run).
-    const double f = opts_.sim.interference >= 0 ? opts_.sim.interference : cost_.cluster().interference;
+    const double f = EffectiveInterference(opts_.sim.interference, cost_.cluster());
     return ComputeLowerBound(p, cost_, /*control_deps=*/false, f).lower_bound_us;
   }
 
@@ -1150,6 +1150,40 @@ Result<ScheduledProgram> RunConcerto(const Program& program, const CostModel& co
   ConcertoReport local;
   Search search(program, cost, options, report ? report : &local, progress);
   return search.Run();
+}
+
+const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
+  static const std::vector<OptionRecord<ConcertoOptions>> records = {
+      {"block", "ops", 2, 1e6, "concerto: ops per block; each window solves two adjacent blocks",
+       &ConcertoOptions::block_ops},
+      {"rounds", "rounds", 0, 1000, "concerto: odd-even rounds (each an odd and an even pass)",
+       &ConcertoOptions::rounds},
+      {"stall-rounds", "rounds", 0, 1000,
+       "concerto: stop after this many rounds in a row that do not improve the best schedule (0: never)",
+       &ConcertoOptions::stall_rounds},
+      {"window-fail-limit", "fails", 1, 1e9,
+       "concerto: failed search nodes per window solve (deterministic; CBC: branch-and-bound nodes)",
+       &ConcertoOptions::window_fail_limit},
+      {"window-time-limit", "s", 0.01, 3600,
+       "concerto: wall-clock safety net per window solve (reported when it fires; results then depend on load)",
+       &ConcertoOptions::window_time_limit_s},
+      {"time-budget", "s", 0.1, 86400, "concerto: wall-clock safety net for the whole search (reported when it fires)",
+       &ConcertoOptions::time_budget_s},
+      {"list-schedule", "0/1", 0, 1,
+       "concerto: also start from critical-path list schedules (pipelines: free and in program order); 0: from "
+       "the baselines only",
+       &ConcertoOptions::list_schedule},
+      {"threads", "threads", 1, 2,
+       "concerto: 2 measures baselines two at a time and solves the next window ahead on a second thread; 1: one "
+       "at a time (speed only: the schedule is the same)",
+       &ConcertoOptions::threads},
+      {"reuse-windows", "0/1", 0, 1,
+       "concerto: answer a window from an identical earlier solve at the same place (speed only)",
+       &ConcertoOptions::reuse_windows},
+      {"fuse", "0/1", 0, 1, "concerto: the fusion pass after decoding (merges adjacent collectives where it pays)",
+       &ConcertoOptions::fuse},
+  };
+  return records;
 }
 
 }  // namespace concerto

@@ -114,7 +114,7 @@ class Simulator {
             const std::vector<GraphIndex>& indexes)
       : p_(sp.program), sched_(sp.schedule), cost_(cost), indexes_(indexes) {
     assert(indexes_.size() == p_.graphs.size() && "one index per graph");
-    interference_ = options.interference >= 0 ? options.interference : cost.cluster().interference;
+    interference_ = EffectiveInterference(options.interference, cost.cluster());
     growth_ = cost.cluster().topology.interference_growth;
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
@@ -611,6 +611,19 @@ Result<Timeline> Simulate(const ScheduledProgram& sp, const CostModel& cost, con
                           const std::vector<GraphIndex>& indexes) {
   Simulator sim(sp, cost, options, indexes);
   return sim.Run();
+}
+
+const std::vector<OptionRecord<SimOptions>>& SimOptionRecords() {
+  static const std::vector<OptionRecord<SimOptions>> records = {
+      {"interference", "fraction", -1, 10,
+       "compute slowdown while a collective is in flight (0.2 = 20% slower); -1 takes the cluster's value",
+       &SimOptions::interference},
+      {"share-links", "0/1", -1, 1,
+       "1: transfers in flight together share each link max-min fairly; 0: every transfer at its price "
+       "(the model without link contention); default -1 takes the cluster's topology.share_links",
+       &SimOptions::share_links},
+  };
+  return records;
 }
 
 }  // namespace concerto

@@ -54,7 +54,7 @@ void AddCommonFlags(CLI::App* cmd, CommonFlags& flags) {
       ->capture_default_str();
   cmd->add_option("--profile", flags.job.profile, "profile database (JSON) of measured op durations");
   cmd->add_flag("--json", flags.json, "print one JSON object instead of tables");
-  cmd->add_option("--solver", flags.job.options.solver, "concerto: window solver backend (gecode, cbc)")
+  cmd->add_option("--solver", flags.job.options.concerto.solver, "concerto: window solver backend (gecode, cbc)")
       ->capture_default_str()
       ->check(CLI::IsMember(WindowSolverNames()));
   AddOptionFlags(cmd, &flags.job.options);
@@ -131,6 +131,7 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
   if (flags.json) {
     nlohmann::json j = SummaryJson(s);
     j["cluster"] = (*cost)->cluster().name;
+    j["options"] = OptionsJson(spec.options);
     if (run->concerto) j["concerto"] = ConcertoReportJson(*run->concerto);
     if (run->decompose) j["decompose"] = DecomposeReportJson(*run->decompose);
     std::cout << DumpJson(j, 2) << "\n";
@@ -199,6 +200,7 @@ int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
     j.erase("critical_path");
     j["cluster"] = (*cost)->cluster().name;
     j["schedule_file"] = sf.output;
+    j["options"] = OptionsJson(spec.options);
     j["program_file"] = program_path;
     if (run->concerto) j["concerto"] = ConcertoReportJson(*run->concerto);
     std::cout << DumpJson(j, 2) << "\n";
@@ -274,6 +276,7 @@ int CmdCompare(const std::string& file, const std::string& model, const std::str
   if (flags.json) {
     nlohmann::json j = CompareJson(compared->runs, compared->input_bound, cluster);
     j["program"] = compared->label;
+    j["options"] = OptionsJson(spec.options);
     std::cout << DumpJson(j, 2) << "\n";
   } else {
     std::cout << CompareTable(compared->runs, compared->input_bound, compared->label + " on " + cluster);

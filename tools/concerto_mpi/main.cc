@@ -85,7 +85,7 @@ Result<Flags> ParseFlags(int argc, char** argv) {
   app.add_option("--scheduler", f.job.scheduler, "make the schedule with this scheduler")->capture_default_str();
   app.add_option("--cluster", f.job.cluster, "cluster preset or file the scheduler plans with")->capture_default_str();
   app.add_option("--profile", f.job.profile, "profile database for the scheduler's cost model");
-  app.add_option("--solver", f.job.options.solver, "concerto: window solver backend")->capture_default_str();
+  app.add_option("--solver", f.job.options.concerto.solver, "concerto: window solver backend")->capture_default_str();
   AddOptionFlags(&app, &f.job.options);
   app.add_option("--iterations", f.iterations, "measured iterations")->check(CLI::Range(1, 1000000));
   app.add_option("--warmup", f.warmup, "iterations run before measuring")->check(CLI::Range(0, 1000000));

@@ -105,4 +105,10 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source);
 /// The spec as JSON in the cluster-file format (LoadCluster reads it back unchanged).
 std::string ClusterToJson(const ClusterSpec& spec);
 
+/// The interference a run uses: `requested` when >= 0 (an option's value),
+/// else the cluster's (-1, the options' default). The one place the sentinel
+/// is resolved: the simulator, the decomposition pass, the concerto search
+/// and the reports call it.
+double EffectiveInterference(double requested, const ClusterSpec& cluster);
+
 }  // namespace concerto

@@ -13,6 +13,7 @@
 
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/ir.h"
+#include "concerto/util/option_record.h"
 #include "concerto/util/status.h"
 
 namespace concerto {
@@ -36,6 +37,9 @@ struct DecomposeOptions {
   /// chunk count below it that does (down to 2) instead of skipping.
   bool force_at_most = false;
 };
+/// The option records of DecomposeOptions (util/option_record.h): decompose.
+/// (Its interference is the simulation's, set by the driver.)
+const std::vector<OptionRecord<DecomposeOptions>>& DecomposeOptionRecords();
 
 /// One rewrite: collective `collective` of graph `graph` and the matmul(s)
 /// next to it now run as `chunks` chunks along dimension `dim`.

@@ -1,16 +1,51 @@
-// The one table of numeric options: name, unit, default and bounds. The CLI
-// registers flags from it and validates every value once, here.
+// The option table: every option of a job, gathered from the option records
+// declared next to the structs they configure (util/option_record.h:
+// SimOptionRecords, BaselineOptionRecords, ConcertoOptionRecords,
+// DecomposeOptionRecords, and the driver's own memory-budget below). The
+// CLI's flags (tools/common/option_flags.h, both tools), their --help and the
+// JSON reports' "options" object are generated from it; every value is
+// checked once, by its record.
 #pragma once
 
-#include <map>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "concerto/decompose/decompose.h"
+#include "concerto/schedule/concerto_scheduler.h"
+#include "concerto/util/option_record.h"
 #include "concerto/util/status.h"
 
 namespace concerto {
 
+/// Everything a job's scheduler, simulation and passes can be told.
+struct Options {
+  /// The concerto search; its `baselines` and `sim` are the baselines' and
+  /// the simulation's options for every scheduler.
+  ConcertoOptions concerto;
+  /// The decomposition pass (its interference is concerto.sim's).
+  DecomposeOptions decompose;
+  /// Peak memory per rank a schedule must fit, bytes; -1: the device's memory
+  /// minus the cluster's reserve; 0: no limit.
+  double memory_budget = -1;
+  /// Simulate every rank even where one representative per role is exact.
+  bool all_ranks = false;
+
+  /// Sets option `name` (a record's name) after checking it; the error names
+  /// the option, its unit and its bounds. Unknown names are errors.
+  Status Set(const std::string& name, double value);
+  /// The value of option `name` (asserts it exists).
+  double Get(const std::string& name) const;
+};
+
+/// The driver's own option records (memory-budget).
+const std::vector<OptionRecord<Options>>& DriverOptionRecords();
+
+/// One row of the option table: a record of one of the structs above, with
+/// the way to reach its field from Options.
 struct OptionSpec {
   std::string name;  // flag name without dashes, kebab-case
   std::string unit;
@@ -18,35 +53,22 @@ struct OptionSpec {
   double min_value;
   double max_value;
   std::string help;
-  /// Words the option also takes, with the value each stands for
-  /// (memory-budget: "none" = 0, "device" = -1).
-  std::vector<std::pair<std::string, double>> words = {};
+  std::vector<std::pair<std::string, double>> words;
+  std::function<double(const Options&)> get;
+  std::function<Status(Options&, double)> set;
 };
 
-/// Reads an option's text: one of its words, a size with a unit for
-/// options measured in bytes ("80GB", "74.5GiB"), or a plain number; then
-/// checks it as Options::Set does. The error names the option.
-Result<double> ParseOptionValue(const OptionSpec& spec, const std::string& text);
-
-/// Every numeric option the tool takes.
+/// Every option, in --help order: the simulation's, the baselines', the
+/// concerto search's, the decomposition pass's, the driver's.
 const std::vector<OptionSpec>& OptionTable();
 
-/// Values by option name, defaults filled in.
-class Options {
- public:
-  Options();
-  /// Sets `name` to `value` after checking the bounds; the error names the
-  /// option, its unit and its bounds.
-  Status Set(const std::string& name, double value);
-  double Get(const std::string& name) const;
+/// Reads an option's text: one of its words, a size with a unit for options
+/// measured in bytes ("80GB", "74.5GiB"), or a plain number; then checks it
+/// as Options::Set does. The error names the option.
+Result<double> ParseOptionValue(const OptionSpec& spec, const std::string& text);
 
-  /// Simulate every rank even where one representative per role is exact.
-  bool all_ranks = false;
-  /// Window solver backend of the concerto scheduler ("gecode" or "cbc").
-  std::string solver = "gecode";
-
- private:
-  std::map<std::string, double> values_;
-};
+/// Every option's value by name, and the window solver: the "options" object
+/// of the JSON reports.
+nlohmann::json OptionsJson(const Options& options);
 
 }  // namespace concerto

@@ -52,6 +52,12 @@ struct ConcertoOptions {
   BaselineOptions baselines;         // for the incumbent
 };
 
+/// The option records of ConcertoOptions (util/option_record.h): block,
+/// rounds, stall-rounds, window-fail-limit, window-time-limit, time-budget,
+/// list-schedule, threads, reuse-windows, fuse. (Its solver, memory budget,
+/// simulation and baselines are set through their own records and the driver.)
+const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords();
+
 struct WindowReport {
   int round = 0;
   int pass = 0;         // 0: odd pass (0,1),(2,3)...; 1: even pass (1,2),(3,4)...

@@ -7,6 +7,7 @@
 
 #include "concerto/cost/cost_model.h"
 #include "concerto/schedule/schedule.h"
+#include "concerto/util/option_record.h"
 #include "concerto/util/status.h"
 
 namespace concerto {
@@ -21,6 +22,8 @@ struct BaselineOptions {
   /// reduce-scatter and its GEMM (the pipeline method's default num_splits).
   int te_overlap_chunks = 4;
 };
+/// The option records of BaselineOptions (util/option_record.h).
+const std::vector<OptionRecord<BaselineOptions>>& BaselineOptionRecords();
 
 /// "sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zero",
 /// "deepspeed-overlap", "xla-lhs".

@@ -9,6 +9,7 @@
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/graph_index.h"
 #include "concerto/schedule/schedule.h"
+#include "concerto/util/option_record.h"
 #include "concerto/util/status.h"
 
 namespace concerto {
@@ -23,6 +24,8 @@ struct SimOptions {
   /// cluster's topology.share_links, 0 prices every transfer alone, 1 shares.
   int share_links = -1;
 };
+/// The option records of SimOptions (util/option_record.h): interference, share-links.
+const std::vector<OptionRecord<SimOptions>>& SimOptionRecords();
 
 struct OpRecord {
   int rank = 0;
