@@ -1,4 +1,5 @@
 #include "concerto/ir/ir.h"
+#include "concerto/ir/op_registry.h"
 
 #include <algorithm>
 #include <array>
@@ -38,45 +39,6 @@ constexpr std::array<std::pair<ReduceOp, std::string_view>, 2> kReduces = {{
 constexpr std::array<std::pair<Phase, std::string_view>, 4> kPhases = {{
     {Phase::kNone, "none"}, {Phase::kForward, "fwd"}, {Phase::kBackward, "bwd"},
     {Phase::kOptimizer, "opt"}}};
-constexpr std::array<std::pair<ComputeType, std::string_view>, 37> kComputeTypes = {{
-    {ComputeType::kMatmul, "matmul"},
-    {ComputeType::kAdd, "add"},
-    {ComputeType::kMul, "mul"},
-    {ComputeType::kScale, "scale"},
-    {ComputeType::kGelu, "gelu"},
-    {ComputeType::kGeluGrad, "gelu_grad"},
-    {ComputeType::kSilu, "silu"},
-    {ComputeType::kSiluGrad, "silu_grad"},
-    {ComputeType::kSwiglu, "swiglu"},
-    {ComputeType::kSwigluGrad, "swiglu_grad"},
-    {ComputeType::kLayerNorm, "layer_norm"},
-    {ComputeType::kLayerNormGrad, "layer_norm_grad"},
-    {ComputeType::kRmsNorm, "rms_norm"},
-    {ComputeType::kRmsNormGrad, "rms_norm_grad"},
-    {ComputeType::kSoftmax, "softmax"},
-    {ComputeType::kSoftmaxGrad, "softmax_grad"},
-    {ComputeType::kAttention, "attention"},
-    {ComputeType::kAttentionGrad, "attention_grad"},
-    {ComputeType::kEmbedding, "embedding"},
-    {ComputeType::kEmbeddingGrad, "embedding_grad"},
-    {ComputeType::kReduceMax, "reduce_max"},
-    {ComputeType::kSumExp, "sum_exp"},
-    {ComputeType::kGatherTarget, "gather_target"},
-    {ComputeType::kCrossEntropy, "cross_entropy"},
-    {ComputeType::kCrossEntropyGrad, "cross_entropy_grad"},
-    {ComputeType::kAdam, "adam"},
-    {ComputeType::kSlice, "slice"},
-    {ComputeType::kConcat, "concat"},
-    {ComputeType::kCast, "cast"},
-    {ComputeType::kIdentity, "identity"},
-    {ComputeType::kTopK, "top_k"},
-    {ComputeType::kTopKGrad, "top_k_grad"},
-    {ComputeType::kMoeDispatch, "moe_dispatch"},
-    {ComputeType::kMoeDispatchGrad, "moe_dispatch_grad"},
-    {ComputeType::kMoeCombine, "moe_combine"},
-    {ComputeType::kMoeCombineGrad, "moe_combine_grad"},
-    {ComputeType::kTranspose, "transpose"},
-}};
 
 }  // namespace
 
@@ -96,7 +58,7 @@ std::string_view ToString(OpKind v) { return Name(kKinds, v); }
 std::string_view ToString(CollectiveType v) { return Name(kCollectives, v); }
 std::string_view ToString(ReduceOp v) { return Name(kReduces, v); }
 std::string_view ToString(Phase v) { return Name(kPhases, v); }
-std::string_view ToString(ComputeType v) { return Name(kComputeTypes, v); }
+std::string_view ToString(ComputeType v) { return OpInfo(v).name; }
 std::optional<DType> ParseDType(std::string_view s) { return Lookup(kDTypes, s); }
 std::optional<OpKind> ParseOpKind(std::string_view s) { return Lookup(kKinds, s); }
 std::optional<CollectiveType> ParseCollectiveType(std::string_view s) {
@@ -105,11 +67,13 @@ std::optional<CollectiveType> ParseCollectiveType(std::string_view s) {
 std::optional<ReduceOp> ParseReduceOp(std::string_view s) { return Lookup(kReduces, s); }
 std::optional<Phase> ParsePhase(std::string_view s) { return Lookup(kPhases, s); }
 std::optional<ComputeType> ParseComputeType(std::string_view s) {
-  return Lookup(kComputeTypes, s);
+  for (const OpTypeInfo& info : OpRegistry())
+    if (info.name == s) return info.type;
+  return std::nullopt;
 }
 std::vector<std::string_view> AllComputeTypeNames() {
   std::vector<std::string_view> names;
-  for (const auto& entry : kComputeTypes) names.push_back(entry.second);
+  for (const OpTypeInfo& info : OpRegistry()) names.push_back(info.name);
   return names;
 }
 

@@ -2,6 +2,7 @@
 // IR, alone or under FastFold's dynamic axial parallelism (DAP). The op list,
 // the approximations, the layouts and the placement of every collective are in
 // docs/evoformer.md; the comments here say what each helper emits.
+#include "concerto/ir/op_registry.h"
 #include "concerto/lower/evoformer.h"
 #include "concerto/ir/comm_streams.h"
 
@@ -24,23 +25,8 @@ using lower::GraphBuilder;
 using lower::Shape;
 using lower::Sharding;
 
-// Flops per element of the non-matmul ops (docs/evoformer.md). Matmul and
-// attention flops are exact formulas; these are nominal roofline counts.
-constexpr double kAddFlopsPerElem = 1;
-constexpr double kScaleFlopsPerElem = 1;
-constexpr double kGeluFlopsPerElem = 8;
-constexpr double kGeluGradFlopsPerElem = 12;
-constexpr double kGateFlopsPerElem = 6;         // swiglu: silu (4) and the product, per output
-constexpr double kGateGradFlopsPerElem = 12;    // both input grads, per output
-constexpr double kLayerNormFlopsPerElem = 8;
-constexpr double kLayerNormGradFlopsPerElem = 16;
-constexpr double kSoftmaxFlopsPerElem = 5;      // max, subtract, exp, sum, divide
-constexpr double kSoftmaxGradFlopsPerElem = 4;  // product, row sum, subtract, product
-constexpr double kAdamFlopsPerElem = 10;
-constexpr double kReduceMaxFlopsPerElem = 1;
-constexpr double kSumExpFlopsPerElem = 3;            // subtract, exp, accumulate
-constexpr double kCrossEntropyFlopsPerRow = 4;       // log, add, subtract, accumulate
-constexpr double kCrossEntropyGradFlopsPerElem = 4;  // exp, divide, subtract one-hot, scale
+// Flops of the non-matmul ops come from the op registry (ir/op_registry.h,
+// docs/evoformer.md); matmul and attention flops are exact formulas.
 
 constexpr double kLayerNormEps = 1e-5;
 constexpr double kAdamLr = 1e-3;  // AlphaFold 2 training
@@ -130,7 +116,7 @@ class EvoParams {
     std::string next = b_->AddLike(p.name + ".next", p.name, dtype_);
     std::string m_next = b_->AddLike(p.name + ".adam_m.next", p.name, DType::kF32);
     std::string v_next = b_->AddLike(p.name + ".adam_v.next", p.name, DType::kF32);
-    const double flops = kAdamFlopsPerElem * b_->Get(p.name).NumElements();
+    const double flops = FlopsPerUnit(ComputeType::kAdam) * b_->Get(p.name).NumElements();
     b_->AddCompute(p.name + ".adam", ComputeType::kAdam, {p.name, p.grad, m, v},
                    {next, m_next, v_next}, flops,
                    {{"lr", kAdamLr}, {"beta1", kAdamBeta1}, {"beta2", kAdamBeta2},
@@ -405,7 +391,7 @@ class EvoformerLowering {
   }
   /// `name` = x + y (y broadcast over x's leading dims).
   std::string Add(const std::string& name, const std::string& x, const std::string& y) {
-    return Elementwise(name, ComputeType::kAdd, {x, y}, kAddFlopsPerElem);
+    return Elementwise(name, ComputeType::kAdd, {x, y}, FlopsPerUnit(ComputeType::kAdd));
   }
   /// Running sum of same-shaped `terms` (autograd's gradient accumulation).
   std::string Sum(const std::string& name, const std::vector<std::string>& terms) {
@@ -416,11 +402,11 @@ class EvoformerLowering {
   }
   /// `name` = x * factor.
   std::string Scale(const std::string& name, const std::string& x, double factor) {
-    return Elementwise(name, ComputeType::kScale, {x}, kScaleFlopsPerElem, {{"scale", factor}});
+    return Elementwise(name, ComputeType::kScale, {x}, FlopsPerUnit(ComputeType::kScale), {{"scale", factor}});
   }
   /// `name` = silu(gate) * x: AlphaFold's sigmoid gating with silu for sigmoid.
   std::string Gate(const std::string& name, const std::string& gate, const std::string& x) {
-    return Elementwise(name, ComputeType::kSwiglu, {gate, x}, kGateFlopsPerElem);
+    return Elementwise(name, ComputeType::kSwiglu, {gate, x}, FlopsPerUnit(ComputeType::kSwiglu));
   }
   /// Backward of Gate: {dgate, dx}.
   std::pair<std::string, std::string> GateBackward(const std::string& name, const std::string& dy,
@@ -429,7 +415,7 @@ class EvoformerLowering {
     std::string dgate = b_.AddLike(name + ".dgate", gate, c_.dtype);
     std::string dx = b_.AddLike(name + ".dx", x, c_.dtype);
     b_.AddCompute(name, ComputeType::kSwigluGrad, {dy, gate, x}, {dgate, dx},
-                  kGateGradFlopsPerElem * Elems(dy));
+                  FlopsPerUnit(ComputeType::kSwigluGrad) * Elems(dy));
     return {dgate, dx};
   }
 
@@ -439,7 +425,7 @@ class EvoformerLowering {
     params_.Declare(name + ".gamma", {ch}, layer_);
     params_.Declare(name + ".beta", {ch}, layer_);
     return Elementwise(name, ComputeType::kLayerNorm, {x, name + ".gamma", name + ".beta"},
-                       kLayerNormFlopsPerElem, {{"eps", kLayerNormEps}});
+                       FlopsPerUnit(ComputeType::kLayerNorm), {{"eps", kLayerNormEps}});
   }
   /// Backward of Norm `name` (input x): dx, and the parameter grads, synced.
   std::string NormBackward(const std::string& name, const std::string& x, const std::string& dy) {
@@ -447,7 +433,7 @@ class EvoformerLowering {
     std::string dx = b_.AddLike(name + ".grad", x, c_.dtype);
     std::string dgamma = params_.NewGrad(gamma), dbeta = params_.NewGrad(beta);
     b_.AddCompute(name + ".grad", ComputeType::kLayerNormGrad, {dy, x, gamma},
-                  {dx, dgamma, dbeta}, kLayerNormGradFlopsPerElem * Elems(x),
+                  {dx, dgamma, dbeta}, FlopsPerUnit(ComputeType::kLayerNormGrad) * Elems(x),
                   {{"eps", kLayerNormEps}});
     params_.Sync(gamma, dgamma);
     params_.Sync(beta, dbeta);
@@ -565,7 +551,7 @@ class EvoformerLowering {
     std::string logits = Matmul(p + ".scores", core->qs, core->kh, false, true, scores);
     std::string biased = Add(p + ".bias_add", logits, bias);
     core->probs = Elementwise(p + ".softmax", ComputeType::kSoftmax, {biased},
-                              kSoftmaxFlopsPerElem);
+                              FlopsPerUnit(ComputeType::kSoftmax));
     std::string oh = Matmul(p + ".pv", core->probs, core->vh, false, false, HeadLayout(s));
     return Permute(p, oh, HeadLayout(s), swap, FlatLayout(s));
   }
@@ -581,7 +567,7 @@ class EvoformerLowering {
     std::string dprobs = Matmul(p + ".dprobs", doh, core.vh, false, true, scores);
     std::string dvh = Matmul(p + ".dv_heads", core.probs, doh, true, false, HeadLayout(s));
     std::string dscores = Elementwise(p + ".softmax", ComputeType::kSoftmaxGrad,
-                                      {dprobs, core.probs}, kSoftmaxGradFlopsPerElem);
+                                      {dprobs, core.probs}, FlopsPerUnit(ComputeType::kSoftmaxGrad));
     *dbias = SumRows(p + ".dbias", dscores, {s.heads, s.len, s.len});
     std::string dqs = Matmul(p + ".dq_scaled", dscores, core.kh, false, false, HeadLayout(s));
     std::string dkh = Matmul(p + ".dk_heads", dscores, core.qs, true, false, HeadLayout(s));
@@ -681,7 +667,7 @@ class EvoformerLowering {
     a->x = x;
     a->xn = Norm(p + ".ln", x);
     a->h = Linear(p + ".fc1", a->xn, ch * c_.transition_mult);
-    a->act = Elementwise(p + ".gelu", ComputeType::kGelu, {a->h}, kGeluFlopsPerElem);
+    a->act = Elementwise(p + ".gelu", ComputeType::kGelu, {a->h}, FlopsPerUnit(ComputeType::kGelu));
     return Add(p + ".res", x, Linear(p + ".fc2", a->act, ch));
   }
   /// Backward of a transition; returns dx.
@@ -689,7 +675,7 @@ class EvoformerLowering {
                                  const std::string& dy) {
     std::string dact = LinearBackward(p + ".fc2", a.act, dy);
     std::string dh = Elementwise(p + ".gelu.grad", ComputeType::kGeluGrad, {dact, a.h},
-                                 kGeluGradFlopsPerElem);
+                                 FlopsPerUnit(ComputeType::kGeluGrad));
     std::string dxn = LinearBackward(p + ".fc1", a.xn, dh);
     return Add(p + ".res.grad", dy, NormBackward(p + ".ln", a.x, dxn));
   }
@@ -885,15 +871,15 @@ class EvoformerLowering {
     a->labels = b_.AddTensor(labels, rows.shape, DType::kI32, rows.sharding);
     a->max = b_.AddTensor(name + ".max", rows.shape, DType::kF32, rows.sharding);
     b_.AddCompute(name + ".max", ComputeType::kReduceMax, {logits}, {a->max},
-                  kReduceMaxFlopsPerElem * elems);
+                  FlopsPerUnit(ComputeType::kReduceMax) * elems);
     a->sum_exp = b_.AddTensor(name + ".sum_exp", rows.shape, DType::kF32, rows.sharding);
     b_.AddCompute(name + ".sum_exp", ComputeType::kSumExp, {logits, a->max}, {a->sum_exp},
-                  kSumExpFlopsPerElem * elems);
+                  FlopsPerUnit(ComputeType::kSumExp) * elems);
     std::string target = b_.AddTensor(name + ".target", rows.shape, DType::kF32, rows.sharding);
     b_.AddCompute(name + ".target", ComputeType::kGatherTarget, {logits, a->labels}, {target}, 0);
     std::string loss = b_.AddTensor(name, {}, DType::kF32, {});
     b_.AddCompute(name + ".cross_entropy", ComputeType::kCrossEntropy, {a->max, a->sum_exp, target},
-                  {loss}, kCrossEntropyFlopsPerRow * local_rows, {{"denominator", local_rows}});
+                  {loss}, FlopsPerUnit(ComputeType::kCrossEntropy) * local_rows, {{"denominator", local_rows}});
   }
   /// Gradient of `weight` x the mean cross entropy over every rank's rows
   /// (all dap shards of all dp samples): cross_entropy_grad with the global
@@ -905,7 +891,7 @@ class EvoformerLowering {
     std::string dlogits = b_.AddLike(a.logits + ".grad", a.logits, c_.dtype);
     b_.AddCompute(name + ".cross_entropy.grad", ComputeType::kCrossEntropyGrad,
                   {a.logits, a.max, a.sum_exp, a.labels}, {dlogits},
-                  kCrossEntropyGradFlopsPerElem * elems, {{"denominator", global_rows}});
+                  FlopsPerUnit(ComputeType::kCrossEntropyGrad) * elems, {{"denominator", global_rows}});
     return Scale(name + ".weight", dlogits, weight);
   }
 

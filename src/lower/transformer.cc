@@ -4,6 +4,7 @@
 // stages (plain or interleaved) and expert parallelism (all-to-all dispatch and combine). The op
 // list, the collective and send/recv placement and the flop conventions are
 // in docs/workloads.md and docs/frontends.md ("MoE / ep").
+#include "concerto/ir/op_registry.h"
 #include "concerto/lower/transformer.h"
 #include "concerto/util/did_you_mean.h"
 #include "concerto/util/input_file.h"
@@ -41,31 +42,8 @@ using lower::GraphBuilder;
 using lower::Shape;
 using lower::Sharding;
 
-// Flops per element of the non-matmul ops (docs/workloads.md). Attention and
-// matmul flops are exact formulas; these are nominal counts for the roofline.
-constexpr double kAddFlopsPerElem = 1;
-constexpr double kScaleFlopsPerElem = 1;
-constexpr double kGeluFlopsPerElem = 8;
-constexpr double kGeluGradFlopsPerElem = 12;
-constexpr double kSwigluFlopsPerElem = 6;       // silu (4) and the product (1), per output
-constexpr double kSwigluGradFlopsPerElem = 12;  // both input grads, per output
-constexpr double kLayerNormFlopsPerElem = 8;
-constexpr double kLayerNormGradFlopsPerElem = 16;
-constexpr double kRmsNormFlopsPerElem = 4;
-constexpr double kRmsNormGradFlopsPerElem = 8;
-constexpr double kEmbeddingGradFlopsPerElem = 1;  // scatter-add of dy
-constexpr double kReduceMaxFlopsPerElem = 1;
-constexpr double kSumExpFlopsPerElem = 3;  // subtract, exp, accumulate
-constexpr double kCrossEntropyFlopsPerToken = 4;
-constexpr double kCrossEntropyGradFlopsPerElem = 4;
-constexpr double kAdamFlopsPerElem = 10;
-constexpr double kSoftmaxFlopsPerElem = 5;      // max, subtract, exp, sum, divide
-constexpr double kSoftmaxGradFlopsPerElem = 4;  // product, row sum, subtract, product
-constexpr double kTopKFlopsPerElem = 2;         // per router probability (k small)
-constexpr double kTopKGradFlopsPerChoice = 4;   // per (token, choice)
-constexpr double kCombineFlopsPerElem = 2;      // gate * row + accumulate, per (token, choice, h)
-constexpr double kCombineGradFlopsPerElem = 4;  // dy row and the gate's dot product
-constexpr double kDispatchGradFlopsPerElem = 1; // accumulate, per (token, choice, h)
+// Flops of the non-matmul ops come from the op registry (ir/op_registry.h,
+// docs/workloads.md); attention and matmul flops are exact formulas.
 
 constexpr double kLayerNormEps = 1e-5;
 constexpr double kRmsNormEps = 1e-6;
@@ -378,7 +356,7 @@ class ParamStore {
     Axes partial = t.partial;
     std::string sum = b_->AddLike(p.name + ".grad.acc", g, t.dtype, std::move(partial));
     b_->AddCompute(p.name + ".grad.acc", ComputeType::kAdd, {p.acc, g}, {sum},
-                   kAddFlopsPerElem * b_->Get(sum).NumElements());
+                   FlopsPerUnit(ComputeType::kAdd) * b_->Get(sum).NumElements());
     p.acc = sum;
   }
 
@@ -439,7 +417,7 @@ class ParamStore {
       inputs.push_back(b_->AddLike(s + ".master", s, DType::kF32));
       outputs.push_back(b_->AddLike(s + ".master.next", s, DType::kF32));
     }
-    const double flops = kAdamFlopsPerElem * b_->Get(s).NumElements();
+    const double flops = FlopsPerUnit(ComputeType::kAdam) * b_->Get(s).NumElements();
     b_->AddCompute(p.name + ".adam", ComputeType::kAdam, std::move(inputs), std::move(outputs),
                    flops,
                    {{"lr", kAdamLr}, {"beta1", kAdamBeta1}, {"beta2", kAdamBeta2},
@@ -1063,7 +1041,7 @@ class TransformerLowering {
   /// out = x + y (elementwise, same shapes).
   void Add(const std::string& name, const std::string& x, const std::string& y,
            const std::string& out) {
-    const double flops = kAddFlopsPerElem * b_.Get(out).NumElements();
+    const double flops = FlopsPerUnit(ComputeType::kAdd) * b_.Get(out).NumElements();
     b_.AddCompute(name, ComputeType::kAdd, {x, y}, {out}, flops);
   }
   /// Declares the parameter and returns the tensor forward ops read.
@@ -1097,10 +1075,10 @@ class TransformerLowering {
     const double elems = static_cast<double>(b_.Get(x).NumElements());
     if (Gpt()) {
       b_.AddCompute(prefix, ComputeType::kLayerNorm, std::move(inputs), {y},
-                    kLayerNormFlopsPerElem * elems, {{"eps", kLayerNormEps}});
+                    FlopsPerUnit(ComputeType::kLayerNorm) * elems, {{"eps", kLayerNormEps}});
     } else {
       b_.AddCompute(prefix, ComputeType::kRmsNorm, std::move(inputs), {y},
-                    kRmsNormFlopsPerElem * elems, {{"eps", kRmsNormEps}});
+                    FlopsPerUnit(ComputeType::kRmsNorm) * elems, {{"eps", kRmsNormEps}});
     }
     return y;
   }
@@ -1116,10 +1094,10 @@ class TransformerLowering {
     const double elems = static_cast<double>(b_.Get(x).NumElements());
     if (Gpt()) {
       b_.AddCompute(name, ComputeType::kLayerNormGrad, {dy, x, gamma_in}, outputs,
-                    kLayerNormGradFlopsPerElem * elems, {{"eps", kLayerNormEps}});
+                    FlopsPerUnit(ComputeType::kLayerNormGrad) * elems, {{"eps", kLayerNormEps}});
     } else {
       b_.AddCompute(name, ComputeType::kRmsNormGrad, {dy, x, gamma_in}, outputs,
-                    kRmsNormGradFlopsPerElem * elems, {{"eps", kRmsNormEps}});
+                    FlopsPerUnit(ComputeType::kRmsNormGrad) * elems, {{"eps", kRmsNormEps}});
     }
     params_.AddGrad(gamma, outputs[1]);
     if (Gpt()) params_.AddGrad(beta, outputs[2]);
@@ -1301,7 +1279,7 @@ class TransformerLowering {
     a->up = ColumnLinear(p, "fc1", a->n2_full, d_.ffn_tp, layer);
     a->act = Act(p + "gelu.out", d_.ffn_tp, true);
     b_.AddCompute(p + "gelu", ComputeType::kGelu, {a->up}, {a->act},
-                  kGeluFlopsPerElem * b_.Get(a->up).NumElements());
+                  FlopsPerUnit(ComputeType::kGelu) * b_.Get(a->up).NumElements());
     if (recomputing_) return "";
     return TpReduce(p + "fc2", RowLinear(p, "fc2", a->act, d_.ffn_tp, layer));
   }
@@ -1314,7 +1292,7 @@ class TransformerLowering {
     a->up = ColumnLinear(p, "up", a->n2_full, d_.ffn_tp, layer);
     a->act = Act(p + "swiglu.out", d_.ffn_tp, true);
     b_.AddCompute(p + "swiglu", ComputeType::kSwiglu, {a->gate, a->up}, {a->act},
-                  kSwigluFlopsPerElem * b_.Get(a->act).NumElements());
+                  FlopsPerUnit(ComputeType::kSwiglu) * b_.Get(a->act).NumElements());
     if (recomputing_) return "";
     return TpReduce(p + "down", RowLinear(p, "down", a->act, d_.ffn_tp, layer));
   }
@@ -1431,12 +1409,12 @@ class TransformerLowering {
     Linear(p + "router", a->n2_full, router, logits, false);
     a->probs = Act(p + "softmax.out", d_.experts, false);
     b_.AddCompute(p + "softmax", ComputeType::kSoftmax, {logits}, {a->probs},
-                  kSoftmaxFlopsPerElem * Elems(logits));
+                  FlopsPerUnit(ComputeType::kSoftmax) * Elems(logits));
     a->gates = Act(p + "top_k.gates", m_.top_k, false);
     a->ids = b_.AddTensor(p + "top_k.ids", {d_.batch, d_.seq, m_.top_k}, DType::kI32,
                           ActSharding(3, false, false));
     b_.AddCompute(p + "top_k", ComputeType::kTopK, {a->probs}, {a->gates, a->ids},
-                  kTopKFlopsPerElem * Elems(a->probs),
+                  FlopsPerUnit(ComputeType::kTopK) * Elems(a->probs),
                   {{"k", static_cast<double>(m_.top_k)}, {"normalize", 1}});
     std::string buffers = ExpertBuffer(p + "dispatch.out");
     b_.AddCompute(p + "dispatch", ComputeType::kMoeDispatch, {a->n2_full, a->ids}, {buffers}, 0);
@@ -1450,7 +1428,7 @@ class TransformerLowering {
     ExpertMatmul(e + "up", a->expert_in, w_up, a->up, false);
     a->act = ExpertRows(e + "swiglu.out", f, true);
     b_.AddCompute(e + "swiglu", ComputeType::kSwiglu, {a->gate, a->up}, {a->act},
-                  kSwigluFlopsPerElem * Elems(a->act));
+                  FlopsPerUnit(ComputeType::kSwiglu) * Elems(a->act));
     std::string down = ExpertRows(e + "down.out", h, false, TpPartial());
     ExpertMatmul(e + "down", a->act, w_down, down, false);
     // (The combine's input, expert_out, is read by the backward: a
@@ -1459,7 +1437,7 @@ class TransformerLowering {
     if (recomputing_) return "";
     std::string out = Act(p + "combine.out", h, false);
     b_.AddCompute(p + "combine", ComputeType::kMoeCombine, {a->expert_out, a->ids, a->gates},
-                  {out}, kCombineFlopsPerElem * ChoiceRowElems());
+                  {out}, FlopsPerUnit(ComputeType::kMoeCombine) * ChoiceRowElems());
     return out;
   }
 
@@ -1488,18 +1466,18 @@ class TransformerLowering {
     const double logit_elems = static_cast<double>(b_.Get(a.logits).NumElements());
     std::string max_local = TokenScalar("loss.max_local", DType::kF32, TpPartial());
     b_.AddCompute("loss.max", ComputeType::kReduceMax, {a.logits}, {max_local},
-                  kReduceMaxFlopsPerElem * logit_elems);
+                  FlopsPerUnit(ComputeType::kReduceMax) * logit_elems);
     a.max = TpAllReduce("loss.max.ar", max_local, ReduceOp::kMax);
     std::string z_local = TokenScalar("loss.sum_exp_local", DType::kF32, TpPartial());
     b_.AddCompute("loss.sum_exp", ComputeType::kSumExp, {a.logits, a.max}, {z_local},
-                  kSumExpFlopsPerElem * logit_elems);
+                  FlopsPerUnit(ComputeType::kSumExp) * logit_elems);
     a.sum_exp = TpAllReduce("loss.sum_exp.ar", z_local, ReduceOp::kSum);
     std::string t_local = TokenScalar("loss.target_local", DType::kF32, TpPartial());
     b_.AddCompute("loss.target", ComputeType::kGatherTarget, {a.logits, a.labels}, {t_local}, 0);
     std::string target = TpAllReduce("loss.target.ar", t_local, ReduceOp::kSum);
     std::string loss = b_.AddTensor("loss", {}, DType::kF32, {});
     b_.AddCompute("loss.cross_entropy", ComputeType::kCrossEntropy, {a.max, a.sum_exp, target},
-                  {loss}, kCrossEntropyFlopsPerToken * d_.batch * d_.seq);
+                  {loss}, FlopsPerUnit(ComputeType::kCrossEntropy) * d_.batch * d_.seq);
   }
 
   // ---- backward -----------------------------------------------------------
@@ -1514,12 +1492,12 @@ class TransformerLowering {
     const double logit_elems = static_cast<double>(b_.Get(a.logits).NumElements());
     b_.AddCompute("loss.cross_entropy.grad", ComputeType::kCrossEntropyGrad,
                   {a.logits, a.max, a.sum_exp, a.labels}, {dlogits},
-                  kCrossEntropyGradFlopsPerElem * logit_elems);
+                  FlopsPerUnit(ComputeType::kCrossEntropyGrad) * logit_elems);
     const int replicas = plan_.dp * plan_.microbatches;
     if (replicas > 1) {
       std::string scaled = Act("head.logits.grad.scaled", d_.vocab_tp, true);
       b_.AddCompute("loss.grad_scale", ComputeType::kScale, {dlogits}, {scaled},
-                    kScaleFlopsPerElem * logit_elems, {{"scale", 1.0 / replicas}});
+                    FlopsPerUnit(ComputeType::kScale) * logit_elems, {{"scale", 1.0 / replicas}});
       dlogits = scaled;
     }
     std::string dx = Act("head.dX.out", d_.hidden, false, TpPartial());
@@ -1595,7 +1573,7 @@ class TransformerLowering {
     std::string dgelu = RowLinearBackward(p, "fc2", a.act, dy_full, d_.ffn_tp);
     std::string dfc1 = Act(p + "gelu.grad.out", d_.ffn_tp, true);
     b_.AddCompute(p + "gelu.grad", ComputeType::kGeluGrad, {dgelu, a.up}, {dfc1},
-                  kGeluGradFlopsPerElem * b_.Get(dfc1).NumElements());
+                  FlopsPerUnit(ComputeType::kGeluGrad) * b_.Get(dfc1).NumElements());
     std::string n2_full = FullInput(LayerPrefix(layer) + "ln2", a.n2, a.n2_full);
     std::string dn2 = TpReduce(p + "fc1.dX", ColumnLinearDx(p, "fc1", dfc1));
     WeightGrad(p + "fc1", n2_full, dfc1);
@@ -1611,7 +1589,7 @@ class TransformerLowering {
     std::string dgate = Act(p + "swiglu.grad.dgate", d_.ffn_tp, true);
     std::string dup = Act(p + "swiglu.grad.dup", d_.ffn_tp, true);
     b_.AddCompute(p + "swiglu.grad", ComputeType::kSwigluGrad, {dact, a.gate, a.up},
-                  {dgate, dup}, kSwigluGradFlopsPerElem * b_.Get(dact).NumElements());
+                  {dgate, dup}, FlopsPerUnit(ComputeType::kSwigluGrad) * b_.Get(dact).NumElements());
     std::string n2_full = FullInput(LayerPrefix(layer) + "ln2", a.n2, a.n2_full);
     std::string dx_gate = ColumnLinearDx(p, "gate", dgate);
     std::string dx_up = ColumnLinearDx(p, "up", dup);
@@ -1634,7 +1612,7 @@ class TransformerLowering {
     std::string dgates = Act(p + "combine.grad.dgates", m_.top_k, false);
     b_.AddCompute(p + "combine.grad", ComputeType::kMoeCombineGrad,
                   {dy, a.expert_out, a.ids, a.gates}, {dbuffers, dgates},
-                  kCombineGradFlopsPerElem * ChoiceRowElems());
+                  FlopsPerUnit(ComputeType::kMoeCombineGrad) * ChoiceRowElems());
     std::string drows = ToExperts(p + "combine.grad", dbuffers);
     std::string dact = ExpertRows(e + "down.dX.out", f, true);
     ExpertMatmul(e + "down.dX", drows, params_.Bwd(e + "down.w"), dact, true);
@@ -1642,7 +1620,7 @@ class TransformerLowering {
     std::string dgate = ExpertRows(e + "swiglu.grad.dgate", f, true);
     std::string dup = ExpertRows(e + "swiglu.grad.dup", f, true);
     b_.AddCompute(e + "swiglu.grad", ComputeType::kSwigluGrad, {dact, a.gate, a.up}, {dgate, dup},
-                  kSwigluGradFlopsPerElem * Elems(dact));
+                  FlopsPerUnit(ComputeType::kSwigluGrad) * Elems(dact));
     std::string dx_gate = ExpertRows(e + "gate.dX.out", h, false, TpPartial());
     ExpertMatmul(e + "gate.dX", dgate, params_.Bwd(e + "gate.w"), dx_gate, true);
     std::string dx_up = ExpertRows(e + "up.dX.out", h, false, TpPartial());
@@ -1655,13 +1633,13 @@ class TransformerLowering {
     std::string dx_buffers = FromExperts(p + "dispatch.grad", dx_rows);
     std::string dx_experts = Act(p + "dispatch.grad.out", h, false);
     b_.AddCompute(p + "dispatch.grad", ComputeType::kMoeDispatchGrad, {dx_buffers, a.ids},
-                  {dx_experts}, kDispatchGradFlopsPerElem * ChoiceRowElems());
+                  {dx_experts}, FlopsPerUnit(ComputeType::kMoeDispatchGrad) * ChoiceRowElems());
     std::string dprobs = Act(p + "top_k.grad.out", d_.experts, false);
     b_.AddCompute(p + "top_k.grad", ComputeType::kTopKGrad, {dgates, a.ids, a.probs}, {dprobs},
-                  kTopKGradFlopsPerChoice * Elems(dgates), {{"normalize", 1}});
+                  FlopsPerUnit(ComputeType::kTopKGrad) * Elems(dgates), {{"normalize", 1}});
     std::string dlogits = Act(p + "softmax.grad.out", d_.experts, false);
     b_.AddCompute(p + "softmax.grad", ComputeType::kSoftmaxGrad, {dprobs, a.probs}, {dlogits},
-                  kSoftmaxGradFlopsPerElem * Elems(dlogits));
+                  FlopsPerUnit(ComputeType::kSoftmaxGrad) * Elems(dlogits));
     std::string dx_router = Act(p + "router.dX.out", h, false);
     Linear(p + "router.dX", dlogits, params_.Bwd(p + "router.w"), dx_router, true);
     WeightGrad(p + "router", a.n2_full, dlogits);
@@ -1739,14 +1717,14 @@ class TransformerLowering {
     if (Gpt()) {
       std::string dpos = params_.NewGrad("embed.pos.table.grad", "embed.pos.table", plan_.sp);
       b_.AddCompute("embed.pos.grad", ComputeType::kEmbeddingGrad, {dx, Acts().positions}, {dpos},
-                    kEmbeddingGradFlopsPerElem * b_.Get(dx).NumElements());
+                    FlopsPerUnit(ComputeType::kEmbeddingGrad) * b_.Get(dx).NumElements());
       params_.AddGrad("embed.pos.table", dpos);
     }
     std::string dx_full = TpGather("embed.dx", dx);
     const std::string table = "embed.word.table";
     std::string dword = params_.NewGrad(table + (Gpt() ? ".grad_embed" : ".grad"), table, false);
     b_.AddCompute("embed.word.grad", ComputeType::kEmbeddingGrad, {dx_full, Acts().tokens},
-                  {dword}, kEmbeddingGradFlopsPerElem * b_.Get(dx_full).NumElements());
+                  {dword}, FlopsPerUnit(ComputeType::kEmbeddingGrad) * b_.Get(dx_full).NumElements());
     if (Gpt() && stage_.Last()) {  // one stage: add the tied head's grad
       std::string dtable = params_.NewGrad(table + ".grad", table, false);
       Add("embed.word.grad.tied_add", Acts().head_table_grad, dword, dtable);

@@ -1,0 +1,41 @@
+// The op registry (ir/op_registry.h) is complete and in enum order, names
+// every compute type once, and is where the IR's spelling and the frontends'
+// flop counts come from.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "concerto/ir/ir.h"
+#include "concerto/ir/op_registry.h"
+
+namespace concerto {
+namespace {
+
+TEST(OpRegistry, OneEntryPerComputeTypeInEnumOrder) {
+  const std::vector<OpTypeInfo>& r = OpRegistry();
+  ASSERT_EQ(r.size(), static_cast<size_t>(ComputeType::kTranspose) + 1);
+  std::set<std::string_view> names;
+  for (size_t i = 0; i < r.size(); ++i) {
+    EXPECT_EQ(static_cast<size_t>(r[i].type), i);
+    EXPECT_TRUE(names.insert(r[i].name).second) << r[i].name;
+    EXPECT_FALSE(r[i].signature.empty()) << r[i].name;
+    EXPECT_FALSE(r[i].flops_per.empty()) << r[i].name;
+    EXPECT_GE(r[i].flops, 0) << r[i].name;
+    // The IR's spelling is the registry's, both ways.
+    EXPECT_EQ(ToString(r[i].type), r[i].name);
+    EXPECT_EQ(ParseComputeType(r[i].name), r[i].type);
+  }
+  EXPECT_EQ(AllComputeTypeNames().size(), r.size());
+  EXPECT_FALSE(ParseComputeType("no_such_op").has_value());
+}
+
+TEST(OpRegistry, TheFrontendsFlopCountsAreTheRegistrys) {
+  // The numbers docs/workloads.md states, read back through the registry.
+  EXPECT_EQ(FlopsPerUnit(ComputeType::kAdam), 10);
+  EXPECT_EQ(FlopsPerUnit(ComputeType::kLayerNorm), 8);
+  EXPECT_EQ(FlopsPerUnit(ComputeType::kGeluGrad), 12);
+  EXPECT_EQ(FlopsPerUnit(ComputeType::kMatmul), 0);  // a formula, not a per-element count
+}
+
+}  // namespace
+}  // namespace concerto
