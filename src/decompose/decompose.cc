@@ -471,4 +471,23 @@ const std::vector<OptionRecord<DecomposeOptions>>& DecomposeOptionRecords() {
   return records;
 }
 
+nlohmann::json DecomposeReportJson(const DecomposeReport& r) {
+  nlohmann::json rewrites = nlohmann::json::array();
+  for (const Decomposition& d : r.rewrites)
+    rewrites.push_back({{"graph", d.graph},
+                        {"collective", d.collective},
+                        {"side", d.side},
+                        {"chunks", d.chunks},
+                        {"dim", d.dim},
+                        {"estimated_before_us", d.estimated_before_us},
+                        {"estimated_after_us", d.estimated_after_us},
+                        {"exposed_us", d.exposed_us}});
+  return {{"candidates", r.candidates},
+          {"rewrites", rewrites},
+          {"fifo_before_us", r.fifo_before_us},
+          {"fifo_after_us", r.fifo_after_us},
+          {"rejected", r.rejected},
+          {"rejected_reason", r.rejected_reason}};
+}
+
 }  // namespace concerto

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <fmt/format.h>
 
+#include "concerto/driver/pass.h"
 #include "concerto/ir/graph_index.h"
 #include "concerto/sim/memory.h"
 #include "concerto/schedule/propagation_bound.h"
@@ -11,7 +12,11 @@
 
 namespace concerto {
 
-std::vector<std::string> PassNames() { return {"read", "decompose", "schedule"}; }
+std::vector<std::string> PassNames() {
+  std::vector<std::string> names;
+  for (const PassInfo& p : RegisteredPasses()) names.push_back(p.name);
+  return names;
+}
 
 std::vector<std::string> SchedulerNames() {
   std::vector<std::string> names = BaselineNames();
@@ -37,77 +42,10 @@ ConcertoOptions ToConcertoOptions(const Options& options) {
   return c;
 }
 
-nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
-  nlohmann::json j = {{"solver", r.solver},
-                      {"incumbent", r.incumbent},
-                      {"incumbent_makespan_us", r.incumbent_makespan_us},
-                      {"start", r.start},
-                      {"start_makespan_us", r.start_makespan_us},
-                      {"final_makespan_us", r.final_makespan_us},
-                      {"lower_bound_us", r.lower_bound_us},
-                      {"gap", r.gap},
-                      {"rounds_run", r.rounds_run},
-                      {"windows_solved", r.windows_solved},
-                      {"windows_optimal", r.windows_optimal},
-                      {"windows_feasible_at_limit", r.windows_feasible},
-                      {"windows_unsolved", r.windows_unsolved},
-                      {"windows_hit_time_limit", r.windows_hit_time_limit},
-                      {"windows_reused", r.windows_reused},
-                      {"windows_speculated", r.windows_speculated},
-                      {"passes_over_memory_budget", r.passes_over_memory},
-                      {"inter_node_stream_ops", r.inter_node_stream_ops},
-                      {"comm_streams_merged_ops", r.comm_streams_merged},
-                      {"incumbent_peak_memory_bytes", r.incumbent_peak_memory_bytes},
-                      {"fused_collectives", r.fused_collectives},
-                      {"fusion_gain_us", r.fusion_gain_us},
-                      {"search_seconds", r.seconds},
-                      {"reached_lower_bound", r.reached_lower_bound},
-                      {"hit_time_budget", r.hit_time_budget},
-                      {"stopped_on_stall", r.stopped_on_stall},
-                      {"memory_budget_bytes", r.memory_budget_bytes},
-                      {"peak_memory_bytes", r.peak_memory_bytes},
-                      {"makespan_after_round_us", r.makespan_after_round_us}};
-  nlohmann::json windows = nlohmann::json::array();
-  for (const WindowReport& w : r.windows)
-    windows.push_back({{"round", w.round},
-                       {"pass", w.pass == 0 ? "odd" : "even"},
-                       {"first_block", w.first_block},
-                       {"tasks", w.tasks},
-                       {"status", std::string(ToString(w.status))},
-                       {"hit_time_limit", w.hit_time_limit},
-                       {"memory", w.memory},
-                       {"reused", w.reused},
-                       {"objective_us", w.objective_us},
-                       {"bound_us", w.bound_us},
-                       {"gap", w.gap},
-                       {"seconds", w.seconds}});
-  j["windows"] = windows;
-  return j;
-}
-
 DecomposeOptions ToDecomposeOptions(const Options& options) {
   DecomposeOptions d = options.decompose;
   d.interference = options.concerto.sim.interference;
   return d;
-}
-
-nlohmann::json DecomposeReportJson(const DecomposeReport& r) {
-  nlohmann::json rewrites = nlohmann::json::array();
-  for (const Decomposition& d : r.rewrites)
-    rewrites.push_back({{"graph", d.graph},
-                        {"collective", d.collective},
-                        {"side", d.side},
-                        {"chunks", d.chunks},
-                        {"dim", d.dim},
-                        {"estimated_before_us", d.estimated_before_us},
-                        {"estimated_after_us", d.estimated_after_us},
-                        {"exposed_us", d.exposed_us}});
-  return {{"candidates", r.candidates},
-          {"rewrites", rewrites},
-          {"fifo_before_us", r.fifo_before_us},
-          {"fifo_after_us", r.fifo_after_us},
-          {"rejected", r.rejected},
-          {"rejected_reason", r.rejected_reason}};
 }
 
 BaselineOptions ToBaselineOptions(const Options& options) { return options.concerto.baselines; }
@@ -135,13 +73,14 @@ Status AddPropagationBound(const Program& program, const CostModel& cost, Summar
   return Status::Ok();
 }
 
-/// Verifies, simulates and summarizes a scheduled program.
-Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Options& options) {
+/// Verifies, simulates and summarizes a scheduled program, with the indexes
+/// of `analyses` (built here when the passes left none).
+Result<RunResult> Evaluate(ScheduledProgram sp, const CostModel& cost, const Options& options,
+                           AnalysisCache* analyses) {
   // One index per graph, shared by the verifier and the simulation (at 100k
   // ops one GraphIndex::Build costs about a second).
-  std::vector<GraphIndex> indexes;
-  indexes.reserve(sp.program.graphs.size());
-  for (const Graph& g : sp.program.graphs) indexes.push_back(GraphIndex::Build(g));
+  AnalysisCache own;
+  const std::vector<GraphIndex>& indexes = (analyses ? analyses : &own)->Indexes(sp.program);
   std::vector<std::string> violations = VerifySchedule(sp.program, sp.schedule, indexes);
   if (!violations.empty()) {
     std::string msg = "schedule '" + sp.schedule.scheduler + "' fails verification (" +
@@ -210,49 +149,30 @@ Result<Program> DecomposeWherePays(const Program& program, const CostModel& cost
 
 Result<RunResult> RunScheduler(const Program& program, const std::string& scheduler, const CostModel& cost,
                                const Options& options, const PassHook& hook, const ProgressFn& progress) {
-  if (hook) hook("read", program);
-  if (scheduler == "concerto") {
-    Result<DecomposeReport> decomposed = DecomposeReport{};
-    Result<Program> input = DecomposeWherePays(program, cost, options, &*decomposed);
-    if (!input.ok()) return input.status();
-    if (hook) hook("decompose", *input);
-    if (progress && !decomposed->rewrites.empty())
-      progress(fmt::format("decompose: {} of {} candidate collectives chunked; fifo {:.3f} -> {:.3f} ms{}",
-                           decomposed->rewrites.size(), decomposed->candidates, decomposed->fifo_before_us / 1e3,
-                           decomposed->fifo_after_us / 1e3,
-                           decomposed->rejected ? ": rejected (" + decomposed->rejected_reason + ")" : ""));
-    ConcertoReport report;
-    ConcertoOptions co = ToConcertoOptions(options, cost.cluster());
-    Result<ScheduledProgram> sp = RunConcerto(*input, cost, co, &report, progress);
-    if (!sp.ok() && report.memory_infeasible && options.memory_budget < 0) {
-      // Nothing fits the device's default budget: say so, and show the
-      // fastest schedule, marked over the budget (an explicit budget that
-      // nothing meets stays an error).
-      if (progress)
-        progress("no schedule fits the device's memory (" + sp.status().message() +
-                 "); the fastest schedule follows, marked OOM");
-      co.memory_budget_bytes = 0;
-      report = ConcertoReport{};
-      sp = RunConcerto(*input, cost, co, &report, progress);
-    }
-    if (!sp.ok()) return sp.status();
-    if (hook) hook("schedule", sp->program);
-    Result<RunResult> run = Evaluate(std::move(sp).value(), cost, options);
-    if (run.ok()) {
-      run->concerto = report;
-      run->decompose = std::move(decomposed).value();
-    }
-    return run;
+  // The pipeline, in a straight line: read, decompose (concerto), schedule.
+  std::vector<std::unique_ptr<Pass>> passes;
+  for (const std::string name : {"read", "decompose", "schedule"}) {
+    if (name == "decompose" && scheduler != "concerto") continue;
+    Result<std::unique_ptr<Pass>> pass = MakePass(name, scheduler);
+    assert(pass.ok() && "the driver's passes are registered");
+    passes.push_back(std::move(pass).value());
   }
-  Result<ScheduledProgram> sp = RunBaseline(scheduler, program, cost, ToBaselineOptions(options));
-  if (!sp.ok()) return sp.status();
-  if (hook) hook("schedule", sp->program);
-  return Evaluate(std::move(sp).value(), cost, options);
+  PassContext context{program, std::nullopt, &cost, &options, progress, {}, std::nullopt, std::nullopt};
+  CONCERTO_RETURN_IF_ERROR(RunPasses(passes, context, hook));
+  assert(context.schedule && "the schedule pass sets the schedule");
+  Result<RunResult> run =
+      Evaluate(ScheduledProgram{std::move(context.program), std::move(*context.schedule)}, cost, options,
+               &context.analyses);
+  if (run.ok()) {
+    run->concerto = std::move(context.concerto);
+    run->decompose = std::move(context.decompose);
+  }
+  return run;
 }
 
 Result<RunResult> RunGivenSchedule(const Program& program, const Schedule& schedule, const CostModel& cost,
                                    const Options& options) {
-  return Evaluate(ScheduledProgram{program, schedule}, cost, options);
+  return Evaluate(ScheduledProgram{program, schedule}, cost, options, nullptr);
 }
 
 

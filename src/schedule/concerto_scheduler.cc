@@ -1186,4 +1186,52 @@ const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
   return records;
 }
 
+nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
+  nlohmann::json j = {{"solver", r.solver},
+                      {"incumbent", r.incumbent},
+                      {"incumbent_makespan_us", r.incumbent_makespan_us},
+                      {"start", r.start},
+                      {"start_makespan_us", r.start_makespan_us},
+                      {"final_makespan_us", r.final_makespan_us},
+                      {"lower_bound_us", r.lower_bound_us},
+                      {"gap", r.gap},
+                      {"rounds_run", r.rounds_run},
+                      {"windows_solved", r.windows_solved},
+                      {"windows_optimal", r.windows_optimal},
+                      {"windows_feasible_at_limit", r.windows_feasible},
+                      {"windows_unsolved", r.windows_unsolved},
+                      {"windows_hit_time_limit", r.windows_hit_time_limit},
+                      {"windows_reused", r.windows_reused},
+                      {"windows_speculated", r.windows_speculated},
+                      {"passes_over_memory_budget", r.passes_over_memory},
+                      {"inter_node_stream_ops", r.inter_node_stream_ops},
+                      {"comm_streams_merged_ops", r.comm_streams_merged},
+                      {"incumbent_peak_memory_bytes", r.incumbent_peak_memory_bytes},
+                      {"fused_collectives", r.fused_collectives},
+                      {"fusion_gain_us", r.fusion_gain_us},
+                      {"search_seconds", r.seconds},
+                      {"reached_lower_bound", r.reached_lower_bound},
+                      {"hit_time_budget", r.hit_time_budget},
+                      {"stopped_on_stall", r.stopped_on_stall},
+                      {"memory_budget_bytes", r.memory_budget_bytes},
+                      {"peak_memory_bytes", r.peak_memory_bytes},
+                      {"makespan_after_round_us", r.makespan_after_round_us}};
+  nlohmann::json windows = nlohmann::json::array();
+  for (const WindowReport& w : r.windows)
+    windows.push_back({{"round", w.round},
+                       {"pass", w.pass == 0 ? "odd" : "even"},
+                       {"first_block", w.first_block},
+                       {"tasks", w.tasks},
+                       {"status", std::string(ToString(w.status))},
+                       {"hit_time_limit", w.hit_time_limit},
+                       {"memory", w.memory},
+                       {"reused", w.reused},
+                       {"objective_us", w.objective_us},
+                       {"bound_us", w.bound_us},
+                       {"gap", w.gap},
+                       {"seconds", w.seconds}});
+  j["windows"] = windows;
+  return j;
+}
+
 }  // namespace concerto

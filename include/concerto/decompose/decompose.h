@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/ir.h"
 #include "concerto/util/option_record.h"
@@ -95,5 +97,8 @@ struct DecomposeReport {
 Result<DecomposeReport> DecomposeCollectives(Program& program, const CostModel& cost,
                                              const DecomposeOptions& options,
                                              const ExposureMap* exposed = nullptr);
+
+/// The report as one JSON object (the `decompose` object of `--json`).
+nlohmann::json DecomposeReportJson(const DecomposeReport& report);
 
 }  // namespace concerto

@@ -32,8 +32,6 @@ BaselineOptions ToBaselineOptions(const Options& options);
 
 /// DecomposeOptions filled from the option table.
 DecomposeOptions ToDecomposeOptions(const Options& options);
-/// The decomposition report as one JSON object.
-nlohmann::json DecomposeReportJson(const DecomposeReport& report);
 
 /// The decomposition pass as the driver runs it before the concerto
 /// scheduler: simulates the fifo schedule of `program` to find which
@@ -66,8 +64,6 @@ struct RunResult {
 Result<RunResult> RunScheduler(const Program& program, const std::string& scheduler, const CostModel& cost,
                                const Options& options, const PassHook& hook = nullptr,
                                const ProgressFn& progress = nullptr);
-/// The concerto report as one JSON object.
-nlohmann::json ConcertoReportJson(const ConcertoReport& report);
 
 /// Simulates a given schedule (after verifying it).
 Result<RunResult> RunGivenSchedule(const Program& program, const Schedule& schedule, const CostModel& cost,

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "concerto/cost/cost_model.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/schedule/scheduler.h"
@@ -120,6 +122,9 @@ struct ConcertoReport {
 /// makespan go to lower memory.
 bool BetterSchedule(double makespan_us, int64_t peak_bytes, double incumbent_makespan_us,
                     int64_t incumbent_peak_bytes);
+
+/// The report as one JSON object (the `concerto` object of `--json`).
+nlohmann::json ConcertoReportJson(const ConcertoReport& report);
 
 /// Progress: one line per pass (round, windows, best makespan).
 using ProgressFn = std::function<void(const std::string&)>;
