@@ -9,7 +9,7 @@
 // concerto_mpi_run call RunJob, `compare` and `demo` call CompareJob (the same
 // RunScheduler once per scheduler). So one command line gives one schedule,
 // whichever command runs it: `run --scheduler concerto` executes the schedule
-// `simulate --scheduler concerto` simulates (tests/unit/job_test.cc).
+// `simulate --scheduler concerto` simulates (tests/driver/job_test.cc).
 //
 // The runtime receives the ScheduledProgram and nothing else; the parts of a
 // measured run that need lowering (the unsharded reference of --check, the

@@ -33,7 +33,7 @@ struct ConcertoOptions {
   double window_time_limit_s = 10.0;
   double time_budget_s = 600;        // all rounds together (wall-clock safety net)
   /// Speed only: neither changes the schedule, the report's windows or
-  /// anything but seconds (tests/unit/concerto_speed_test.cc).
+  /// anything but seconds (tests/schedule/concerto_speed_test.cc).
   /// Reuse the answer of the last solve at the same place (role, pass, first
   /// block) when the window's problem is identical field by field.
   bool reuse_windows = true;

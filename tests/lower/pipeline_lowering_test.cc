@@ -522,7 +522,7 @@ TEST(Pipeline, RejectedPlansSayWhy) {
   };
   EXPECT_HAS(message(Preset("gpt-tiny"), "pp=2"), "1F1B needs microbatches >= pp");
   EXPECT_HAS(message(Preset("gpt-tiny"), "pp=3,microbatches=3"), "pp (3) must divide layers (2)");
-  // Interleaved stages are the key vstages (tests/unit/interleaved_pipeline_test.cc);
+  // Interleaved stages are the key vstages (tests/lower/interleaved_pipeline_test.cc);
   // "interleave" is not a key, and the message lists the known ones.
   Result<ParallelPlan> interleaved = ParsePlan("pp=2,microbatches=4,interleave=2");
   ASSERT_FALSE(interleaved.ok());

@@ -722,7 +722,7 @@ TEST(Presets, JsonRoundTrip) {
 }
 
 // ep and dap are parsed and validated, not lowered by this frontend; pp and
-// micro-batches are lowered (tests/unit/pipeline_lowering_test.cc).
+// micro-batches are lowered (tests/lower/pipeline_lowering_test.cc).
 TEST(Presets, UnimplementedPlansSaySo) {
   auto message = [](const std::string& model, const std::string& plan) {
     Result<Program> p = LowerTransformer(Preset(model), Plan(plan));

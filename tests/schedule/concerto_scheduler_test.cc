@@ -85,7 +85,7 @@ Program RandomProgram(int n, uint64_t seed) {
   return p;
 }
 
-/// The best makespan over every schedule (tests/unit/brute_force_util.h).
+/// The best makespan over every schedule (tests/common/brute_force_util.h).
 using concerto::testing::BruteForceOptimum;
 
 TEST(ConcertoScheduler, EqualsBruteForceOptimumOnSmallGraphs) {
