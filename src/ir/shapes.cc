@@ -9,6 +9,10 @@
 
 #include "concerto/ir/verifier.h"
 
+#include <cassert>
+
+#include "concerto/ir/op_registry.h"
+
 namespace concerto {
 namespace {
 
@@ -496,51 +500,6 @@ std::string CheckTranspose(const Operands& o) {
   return o.OutIs(0, y, "x with axis0 and axis1 swapped");
 }
 
-/// Shape rule of one compute type.
-std::string CheckComputeType(const Operands& o, ComputeType type) {
-  switch (type) {
-    case ComputeType::kMatmul: return CheckMatmul(o);
-    case ComputeType::kAdd: return CheckAdd(o);
-    case ComputeType::kMul: return CheckSameShapes(o, 2, 1);
-    case ComputeType::kScale: return CheckSameShapes(o, 1, 1);
-    case ComputeType::kGelu: return CheckSameShapes(o, 1, 1);
-    case ComputeType::kGeluGrad: return CheckSameShapes(o, 2, 1);
-    case ComputeType::kSilu: return CheckSameShapes(o, 1, 1);
-    case ComputeType::kSiluGrad: return CheckSameShapes(o, 2, 1);
-    case ComputeType::kSwiglu: return CheckSameShapes(o, 2, 1);
-    case ComputeType::kSwigluGrad: return CheckSameShapes(o, 3, 2);
-    case ComputeType::kLayerNorm: return CheckNorm(o, true);
-    case ComputeType::kLayerNormGrad: return CheckNormGrad(o, true);
-    case ComputeType::kRmsNorm: return CheckNorm(o, false);
-    case ComputeType::kRmsNormGrad: return CheckNormGrad(o, false);
-    case ComputeType::kSoftmax: return CheckSameShapes(o, 1, 1);
-    case ComputeType::kSoftmaxGrad: return CheckSameShapes(o, 2, 1);
-    case ComputeType::kAttention: return CheckAttention(o);
-    case ComputeType::kAttentionGrad: return CheckAttentionGrad(o);
-    case ComputeType::kEmbedding: return CheckEmbedding(o);
-    case ComputeType::kEmbeddingGrad: return CheckEmbeddingGrad(o);
-    case ComputeType::kReduceMax: return CheckReduceMax(o);
-    case ComputeType::kSumExp: return CheckSumExp(o);
-    case ComputeType::kGatherTarget: return CheckGatherTarget(o);
-    case ComputeType::kCrossEntropy: return CheckCrossEntropy(o);
-    case ComputeType::kCrossEntropyGrad: return CheckCrossEntropyGrad(o);
-    case ComputeType::kAdam:  // (p, g, m, v[, master]) -> (p', m', v'[, master'])
-      return o.NumIn() == 5 ? CheckSameShapes(o, 5, 4) : CheckSameShapes(o, 4, 3);
-    case ComputeType::kSlice: return CheckSlice(o);
-    case ComputeType::kConcat: return CheckConcat(o);
-    case ComputeType::kCast: return CheckSameShapes(o, 1, 1);
-    case ComputeType::kIdentity: return CheckIdentity(o);
-    case ComputeType::kTopK: return CheckTopK(o);
-    case ComputeType::kTopKGrad: return CheckTopKGrad(o);
-    case ComputeType::kMoeDispatch: return CheckMoeDispatch(o);
-    case ComputeType::kMoeDispatchGrad: return CheckMoeDispatchGrad(o);
-    case ComputeType::kMoeCombine: return CheckMoeCombine(o);
-    case ComputeType::kMoeCombineGrad: return CheckMoeCombineGrad(o);
-    case ComputeType::kTranspose: return CheckTranspose(o);
-  }
-  return "unknown compute type";
-}
-
 /// Copy: n -> n, pairwise the same shape and dtype.
 std::string CheckCopy(const Operands& o) {
   if (o.NumIn() != o.NumOut())
@@ -594,12 +553,129 @@ std::string CheckCollectivePair(const Operands& o, CollectiveType type, size_t i
 
 }  // namespace
 
+// ---- The op registry (ir/op_registry.h): one entry per compute type, beside
+// the shape rules it points at. ----
+
+/// A shape rule from an expression over `o` (the op's Operands).
+#define CONCERTO_RULE(expr)                                                                          \
+  +[](const Op& op_, const std::vector<const Tensor*>& in_, const std::vector<const Tensor*>& out_) { \
+    const Operands o(op_, in_, out_);                                                                \
+    return std::string(expr);                                                                        \
+  }
+
+const std::vector<OpTypeInfo>& OpRegistry() {
+  using T = ComputeType;
+  static const std::vector<OpTypeInfo> registry = {
+      {T::kMatmul, "matmul", "(a, b) -> c; attrs transpose_a, transpose_b; leading dims batch", 0,
+       "formula: 2 m n k per batch",
+       CONCERTO_RULE(CheckMatmul(o))},
+      {T::kAdd, "add", "(x, y) -> x + y; y may broadcast over leading dims", 1, "output element",
+       CONCERTO_RULE(CheckAdd(o))},
+      {T::kMul, "mul", "(x, y) -> x * y, same shapes", 1, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 2, 1))},
+      {T::kScale, "scale", "(x) -> x * attrs.scale", 1, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 1, 1))},
+      {T::kGelu, "gelu", "(x) -> gelu(x) (tanh approximation)", 8, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 1, 1))},
+      {T::kGeluGrad, "gelu_grad", "(dy, x) -> dx", 12, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 2, 1))},
+      {T::kSilu, "silu", "(x) -> x * sigmoid(x)", 4, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 1, 1))},
+      {T::kSiluGrad, "silu_grad", "(dy, x) -> dx", 8, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 2, 1))},
+      // silu (4) and the product (1), per output; its gradient: both input grads.
+      {T::kSwiglu, "swiglu", "(gate, up) -> silu(gate) * up", 6, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 2, 1))},
+      {T::kSwigluGrad, "swiglu_grad", "(dy, gate, up) -> (dgate, dup)", 12, "element of dy",
+       CONCERTO_RULE(CheckSameShapes(o, 3, 2))},
+      {T::kLayerNorm, "layer_norm", "(x, gamma, beta) -> y over the last dim; attrs eps", 8, "element of x",
+       CONCERTO_RULE(CheckNorm(o, true))},
+      {T::kLayerNormGrad, "layer_norm_grad", "(dy, x, gamma) -> (dx, dgamma, dbeta)", 16, "element of x",
+       CONCERTO_RULE(CheckNormGrad(o, true))},
+      {T::kRmsNorm, "rms_norm", "(x, gamma) -> y over the last dim; attrs eps", 4, "element of x",
+       CONCERTO_RULE(CheckNorm(o, false))},
+      {T::kRmsNormGrad, "rms_norm_grad", "(dy, x, gamma) -> (dx, dgamma)", 8, "element of x",
+       CONCERTO_RULE(CheckNormGrad(o, false))},
+      // max, subtract, exp, sum, divide; the gradient: product, row sum, subtract, product.
+      {T::kSoftmax, "softmax", "(x) -> softmax over the last dim", 5, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 1, 1))},
+      {T::kSoftmaxGrad, "softmax_grad", "(dy, y) -> dx", 4, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 2, 1))},
+      {T::kAttention, "attention", "(q, k, v) [b, s, heads*d] -> o; attrs heads, kv_heads, causal", 0,
+       "formula: 4 b s^2 h (halved when causal)",
+       CONCERTO_RULE(CheckAttention(o))},
+      {T::kAttentionGrad, "attention_grad", "(do, q, k, v) -> (dq, dk, dv)", 0, "formula: 2.5x the forward",
+       CONCERTO_RULE(CheckAttentionGrad(o))},
+      {T::kEmbedding, "embedding", "(table [V, h], ids [b, s]) -> [b, s, h]", 0, "a gather: bytes only",
+       CONCERTO_RULE(CheckEmbedding(o))},
+      {T::kEmbeddingGrad, "embedding_grad", "(dy [b, s, h], ids) -> dtable [V, h]", 1,
+       "element of dy (scatter-add)",
+       CONCERTO_RULE(CheckEmbeddingGrad(o))},
+      {T::kReduceMax, "reduce_max", "(x) -> max over the last dim", 1, "element of x",
+       CONCERTO_RULE(CheckReduceMax(o))},
+      {T::kSumExp, "sum_exp", "(x, m) -> sum(exp(x - m)) over the last dim", 3,
+       "element of x (subtract, exp, accumulate)",
+       CONCERTO_RULE(CheckSumExp(o))},
+      {T::kGatherTarget, "gather_target", "(logits [b, s, V], labels [b, s]) -> logits[label]", 0,
+       "a gather: bytes only",
+       CONCERTO_RULE(CheckGatherTarget(o))},
+      {T::kCrossEntropy, "cross_entropy", "(m, z, target) -> mean(log z + m - target), a scalar", 4,
+       "token (log, add, subtract, accumulate)",
+       CONCERTO_RULE(CheckCrossEntropy(o))},
+      {T::kCrossEntropyGrad, "cross_entropy_grad", "(logits, m, z, labels) -> dlogits", 4,
+       "element of the logits (exp, divide, subtract one-hot, scale)",
+       CONCERTO_RULE(CheckCrossEntropyGrad(o))},
+      {T::kAdam, "adam", "(param, grad, m, v[, master]) -> (param', m', v'[, master'])", 10, "parameter element",
+       CONCERTO_RULE(o.NumIn() == 5 ? CheckSameShapes(o, 5, 4) : CheckSameShapes(o, 4, 3))},
+      {T::kSlice, "slice", "(x) -> x[start:start+len] on attrs.axis", 0, "a copy: bytes only",
+       CONCERTO_RULE(CheckSlice(o))},
+      {T::kConcat, "concat", "(x...) -> concat on attrs.axis", 0, "a copy: bytes only",
+       CONCERTO_RULE(CheckConcat(o))},
+      {T::kCast, "cast", "(x) -> x in the output's dtype", 0, "a copy: bytes only",
+       CONCERTO_RULE(CheckSameShapes(o, 1, 1))},
+      {T::kIdentity, "identity", "(x) -> x (a fused collective's split, a marker)", 0, "nothing",
+       CONCERTO_RULE(CheckIdentity(o))},
+      {T::kTopK, "top_k", "(probs [..., E]) -> (gates [..., k], ids [..., k]); attrs k, normalize", 2,
+       "router probability",
+       CONCERTO_RULE(CheckTopK(o))},
+      {T::kTopKGrad, "top_k_grad", "(dgates, ids, probs) -> dprobs [..., E]", 4, "(token, choice)",
+       CONCERTO_RULE(CheckTopKGrad(o))},
+      {T::kMoeDispatch, "moe_dispatch", "(x [G, n, h], ids [G, n, k]) -> buffers [E, G*C, h]", 0,
+       "a copy: bytes only",
+       CONCERTO_RULE(CheckMoeDispatch(o))},
+      {T::kMoeDispatchGrad, "moe_dispatch_grad", "(dbuffers [E, G*C, h], ids) -> dx [G, n, h]", 1,
+       "(token, choice, h) (accumulate)",
+       CONCERTO_RULE(CheckMoeDispatchGrad(o))},
+      {T::kMoeCombine, "moe_combine", "(y [E, G*C, h], ids, gates [G, n, k]) -> out [G, n, h]", 2,
+       "(token, choice, h) (gate * row + accumulate)",
+       CONCERTO_RULE(CheckMoeCombine(o))},
+      {T::kMoeCombineGrad, "moe_combine_grad", "(dout, y, ids, gates) -> (dy, dgates)", 4,
+       "(token, choice, h) (dy row and the gate's dot product)",
+       CONCERTO_RULE(CheckMoeCombineGrad(o))},
+      {T::kTranspose, "transpose", "(x) -> x with dims attrs.axis0 and attrs.axis1 swapped", 0,
+       "a copy: bytes only",
+       CONCERTO_RULE(CheckTranspose(o))},
+  };
+  return registry;
+}
+
+#undef CONCERTO_RULE
+
+const OpTypeInfo& OpInfo(ComputeType type) {
+  const std::vector<OpTypeInfo>& r = OpRegistry();
+  const size_t i = static_cast<size_t>(type);
+  assert(i < r.size() && r[i].type == type && "OpRegistry is in enum order and complete");
+  return r[i];
+}
+
+double FlopsPerUnit(ComputeType type) { return OpInfo(type).flops; }
+
 std::string CheckComputeShapes(const Op& op, const std::vector<const Tensor*>& inputs,
                                const std::vector<const Tensor*>& outputs) {
   Operands o(op, inputs, outputs);
   if (op.kind == OpKind::kCopy) return CheckCopy(o);
   if (op.kind != OpKind::kCompute) return "";
-  return CheckComputeType(o, op.compute_type);
+  return OpInfo(op.compute_type).shape_rule(op, inputs, outputs);
 }
 
 std::string CheckCollectiveShapes(const Op& op, const std::vector<const Tensor*>& inputs,

@@ -1,6 +1,6 @@
 // The op registry (ir/op_registry.h) is complete and in enum order, names
-// every compute type once, and is where the IR's spelling and the frontends'
-// flop counts come from.
+// every compute type once, and is where the IR's spelling, the frontends'
+// flop counts and the verifier's shape rules come from.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -21,6 +21,7 @@ TEST(OpRegistry, OneEntryPerComputeTypeInEnumOrder) {
     EXPECT_FALSE(r[i].signature.empty()) << r[i].name;
     EXPECT_FALSE(r[i].flops_per.empty()) << r[i].name;
     EXPECT_GE(r[i].flops, 0) << r[i].name;
+    EXPECT_NE(r[i].shape_rule, nullptr) << r[i].name;
     // The IR's spelling is the registry's, both ways.
     EXPECT_EQ(ToString(r[i].type), r[i].name);
     EXPECT_EQ(ParseComputeType(r[i].name), r[i].type);
@@ -35,6 +36,25 @@ TEST(OpRegistry, TheFrontendsFlopCountsAreTheRegistrys) {
   EXPECT_EQ(FlopsPerUnit(ComputeType::kLayerNorm), 8);
   EXPECT_EQ(FlopsPerUnit(ComputeType::kGeluGrad), 12);
   EXPECT_EQ(FlopsPerUnit(ComputeType::kMatmul), 0);  // a formula, not a per-element count
+}
+
+TEST(OpRegistry, TheVerifierAppliesTheEntrysShapeRule) {
+  // gelu's rule: one input, one output of its shape. [4, 8] -> [4, 9] fails
+  // with the rule's message; [4, 8] -> [4, 8] passes.
+  auto tensor = [](const std::string& name, std::vector<int64_t> shape) {
+    Tensor t;
+    t.name = name;
+    t.shape = std::move(shape);
+    t.dtype = DType::kF32;
+    return t;
+  };
+  const Tensor x = tensor("x", {4, 8}), good = tensor("y", {4, 8}), bad = tensor("z", {4, 9});
+  Op op;
+  op.kind = OpKind::kCompute;
+  op.compute_type = ComputeType::kGelu;
+  EXPECT_EQ(OpInfo(ComputeType::kGelu).shape_rule(op, {&x}, {&good}), "");
+  const std::string message = OpInfo(ComputeType::kGelu).shape_rule(op, {&x}, {&bad});
+  EXPECT_NE(message.find("'z'"), std::string::npos) << message;
 }
 
 }  // namespace

@@ -1,24 +1,31 @@
 // The op registry: one entry per compute type with what the IR itself knows
-// about it: its spelling in IR files, its operands, and how many flops it does
-// per unit of work (the frontends multiply; the cost model prices op.flops).
-// The IR's names (ToString/ParseComputeType) and every frontend's flop
-// counts come from here; there is no second copy.
+// about it: its spelling in IR files, its operands, how many flops it does
+// per unit of work (the frontends multiply; the cost model prices op.flops)
+// and its shape rule (the verifier applies it). The IR's names
+// (ToString/ParseComputeType), every frontend's flop counts and the
+// verifier's shape checks come from here; there is no second copy. The table
+// is defined in src/ir/shapes.cc, beside the shape rules it points at.
 //
 // The other facets of a compute type still live with the layer that owns
 // them, each a switch over ComputeType (the compiler's -Wswitch names a
-// missing case): the shape rule (ir/shapes.cc, CheckComputeType), the CPU
-// kernel (runtime/kernels.cc), the sharding rule (lower/partitioner.cc) and
-// the backward (the frontends). docs/architecture.md "How to add an op" walks
+// missing case): the CPU kernel (runtime/kernels.cc), the sharding rule
+// (lower/partitioner.cc) and the backward (the frontends). docs/architecture.md "How to add an op" walks
 // through all of them; moving them into this entry is the open part of the
 // redesign (issue 14's notes).
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
 #include "concerto/ir/ir.h"
 
 namespace concerto {
+
+/// A shape rule: "" when the op's inputs and outputs have the shapes, dtypes
+/// and attributes its type requires, else the message (naming the operand).
+using ShapeRule = std::string (*)(const Op& op, const std::vector<const Tensor*>& inputs,
+                                  const std::vector<const Tensor*>& outputs);
 
 struct OpTypeInfo {
   ComputeType type;
@@ -28,6 +35,8 @@ struct OpTypeInfo {
   /// when the frontend computes a formula instead (matmul: 2 m n k).
   double flops;
   std::string_view flops_per;
+  /// The shape rule the verifier applies (CheckComputeShapes).
+  ShapeRule shape_rule;
 };
 
 /// Every compute type, in enum order.
