@@ -28,6 +28,7 @@
 #include "search_start_points.h"
 #include "search_state.h"
 #include "window_builder.h"
+#include "window_solve_cache.h"
 
 namespace concerto {
 namespace {
@@ -95,7 +96,8 @@ class Search {
     Result<std::unique_ptr<WindowSolver>> solver = MakeWindowSolver(opts_.solver);
     if (!solver.ok()) return solver.status();
     solver_ = std::move(solver).value();
-    if (opts_.threads > 1 && solver_->thread_safe()) helper_ = MakeWindowSolver(opts_.solver).value();
+    if (opts_.threads > 1 && solver_->thread_safe())
+      speculation_ = std::make_unique<SpeculationExecutor>(MakeWindowSolver(opts_.solver).value());
     report_->solver = opts_.solver;
     CONCERTO_RETURN_IF_ERROR(PickIncumbent());
     report_->lower_bound_us = LowerBoundUs(best_.sp.program);
@@ -455,14 +457,15 @@ class Search {
           ahead.pop_front();
         }
         if (!answer)
-          if (const WindowSolution* known = Remembered(place, w.problem)) answer = *known, reused = true;
+          if (const WindowSolution* known = cache_.Find(place, w.problem)) answer = *known, reused = true;
         if (!answer) {
-          if (helper_ && ahead.empty() && HelperIdle()) ahead = SolveAhead(r, members_of, horizon, pass, k, blocks);
+          if (speculation_ && ahead.empty() && speculation_->Idle())
+            ahead = SolveAhead(r, members_of, horizon, pass, k, blocks);
           answer = solver_->Solve(w.problem, WindowSolverOptions());
         }
         ApplyWindow(r, w, *answer, reused, place, round);
       }
-      if (helper_run_.valid()) helper_run_.wait();
+      if (speculation_) speculation_->Wait();
     }
     for (RoleSearch& r : roles_) SortStreams(r);
     if (!CompactAll()) {
@@ -512,16 +515,6 @@ class Search {
     return Status::Ok();
   }
 
-  /// Where a window sits: role, pass, first block.
-  using Place = std::tuple<int, int, int>;
-
-  /// A window solved ahead on the helper thread against the start ticks
-  /// before the window the main thread was about to solve.
-  struct Speculation {
-    int first_block = 0;
-    WindowProblem problem;
-    std::shared_future<Result<WindowSolution>> answer;
-  };
   /// How many windows one batch solves ahead. A new batch starts only once
   /// the helper finished the last one (its answers taken or found to be for
   /// a stale problem), so how many windows are solved ahead
@@ -529,11 +522,6 @@ class Search {
   /// deterministic solve gives a speculated problem the answer the main
   /// thread would). 3 was no faster than 1 on this 2-core machine under load.
   static constexpr size_t kSolveAhead = 1;
-
-  /// The helper thread has no batch running.
-  bool HelperIdle() const {
-    return !helper_run_.valid() || helper_run_.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-  }
 
   /// Options of one window solve: the fail limit, and the wall-clock safety
   /// net capped by what is left of the time budget.
@@ -544,39 +532,19 @@ class Search {
     return so;
   }
 
-  /// The answer of the last solve at `place` when its problem equals `pb`
-  /// field by field (a deterministic solve answers it the same way), else null.
-  const WindowSolution* Remembered(const Place& place, const WindowProblem& pb) const {
-    auto it = memo_.find(place);
-    return it != memo_.end() && it->second.first == pb ? &it->second.second : nullptr;
-  }
-
   /// Builds the next windows of the pass after the one at `first_block`
   /// from the current start ticks (up to kSolveAhead whose answers are not
   /// remembered) and solves them one after another on the helper thread.
   template <typename MembersOf>
   std::deque<Speculation> SolveAhead(const RoleSearch& r, const MembersOf& members_of, int64_t horizon, int pass,
                                      int first_block, int blocks) {
-    std::deque<Speculation> ahead;
-    auto problems = std::make_shared<std::vector<WindowProblem>>();
-    auto answers = std::make_shared<std::vector<std::promise<Result<WindowSolution>>>>(kSolveAhead);
-    for (int k = first_block + 2; k < blocks && problems->size() < kSolveAhead; k += 2) {
+    std::vector<std::pair<int, WindowProblem>> problems;
+    for (int k = first_block + 2; k < blocks && problems.size() < kSolveAhead; k += 2) {
       Window w = BuildWindow(r, members_of(k), horizon, program_.roles.size() > 1, budget_units_);
-      if (Remembered({r.role, pass, k}, w.problem)) continue;
-      ahead.push_back({k, w.problem, (*answers)[problems->size()].get_future().share()});
-      problems->push_back(std::move(w.problem));
+      if (cache_.Find({r.role, pass, k}, w.problem)) continue;
+      problems.emplace_back(k, std::move(w.problem));
     }
-    if (problems->empty()) return ahead;
-    helper_run_ = std::async(std::launch::async, [solver = helper_.get(), problems, answers, so = WindowSolverOptions()] {
-      for (size_t i = 0; i < problems->size(); ++i) {
-        try {
-          (*answers)[i].set_value(solver->Solve((*problems)[i], so));
-        } catch (...) {
-          (*answers)[i].set_exception(std::current_exception());
-        }
-      }
-    });
-    return ahead;
+    return speculation_->Start(std::move(problems), WindowSolverOptions());
   }
 
   /// Takes a window's answer: a verified solution replaces the window's
@@ -595,7 +563,7 @@ class Search {
       wr.hit_time_limit = true;
       report_->windows_hit_time_limit++;
     }
-    if (sol.ok() && !sol->hit_time_limit && !reused && opts_.reuse_windows) memo_[place] = {w.problem, *sol};
+    if (sol.ok() && !sol->hit_time_limit && !reused && opts_.reuse_windows) cache_.Remember(place, w.problem, *sol);
     if (reused) report_->windows_reused++;
     if (!sol.ok() || (sol->status != SolveStatus::kOptimal && sol->status != SolveStatus::kFeasible)) {
       wr.status = sol.ok() ? sol->status : SolveStatus::kNoSolution;
@@ -660,9 +628,8 @@ class Search {
   ProgressFn progress_;
   Clock::time_point t0_;
   std::unique_ptr<WindowSolver> solver_;
-  std::unique_ptr<WindowSolver> helper_;  // the speculative solves (null: none)
-  std::future<void> helper_run_;          // the helper thread's current batch
-  std::map<Place, std::pair<WindowProblem, WindowSolution>> memo_;  // the last solve at each place
+  std::unique_ptr<SpeculationExecutor> speculation_;  // the windows solved ahead (null: none)
+  WindowSolveCache cache_;                            // the last solve at each place
   Candidate best_, fallback_;
   /// best_'s program is search_program_ (empty in best_ until TakeBackBest).
   bool best_in_search_ = false;
