@@ -77,7 +77,7 @@ Summary Summarize(const ScheduledProgram& sp, const Timeline& timeline, const Co
   Summary s;
   s.scheduler = sp.schedule.scheduler;
   s.makespan_us = timeline.makespan_us;
-  s.bound = ComputeLowerBound(p, cost, /*control_deps=*/false, interference);
+  s.bound = ComputeLowerBound(p, cost, interference);
   s.ranks_simulated = static_cast<int>(timeline.ranks.size());
   s.representative = timeline.representative;
   s.costs = SummarizeCosts(p, cost);

@@ -139,7 +139,7 @@ class Search {
     // simulation the search measures with; the propagation bound is left to
     // the driver's summary (up to a second per run).
     const double f = EffectiveInterference(opts_.sim.interference, cost_.cluster());
-    return ComputeLowerBound(p, cost_, /*control_deps=*/false, f).lower_bound_us;
+    return ComputeLowerBound(p, cost_, f).lower_bound_us;
   }
 
   /// Every baseline, simulated as it is (the fallback: never return worse)

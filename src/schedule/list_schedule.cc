@@ -38,7 +38,7 @@ struct Joined {
 /// order: representatives by rank, each role's ops in program order.
 Joined BuildJoined(const Program& program, const CostModel& cost) {
   Joined j;
-  JoinedGraph jg = BuildJoinedGraph(program, cost, /*control_deps=*/true);
+  JoinedGraph jg = BuildJoinedGraph(program, cost);
   j.dur_us = std::move(jg.dur);
   j.preds = std::move(jg.preds);
   j.succs = std::move(jg.succs);

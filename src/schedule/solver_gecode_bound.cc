@@ -254,7 +254,7 @@ Result<PropagationBound> ComputePropagationBound(const Program& program, const C
     out.skip_reason = std::to_string(out.ops) + " ops, more than max_ops " + std::to_string(options.max_ops);
     return finish();
   }
-  const JoinedGraph j = BuildJoinedGraph(program, cost, /*control_deps=*/false);
+  const JoinedGraph j = BuildJoinedGraph(program, cost);
   if (KahnOrder(j.preds, j.succs).size() != j.dur.size())
     return Status::Error("propagation bound: a role's graph has a cycle");
   std::vector<double> head, tail;

@@ -52,14 +52,12 @@ std::vector<std::vector<RoleOp>> PairSendRecv(const Program& program) {
   return partner;
 }
 
-JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps) {
+JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost) {
   JoinedGraph j;
   std::vector<int> base(program.roles.size(), -1);  // per role: node of its op 0
   for (const auto& [rep, r] : RepresentativeRoles(program)) {
     const Role& role = program.roles[r];
-    Graph g = program.GraphOf(role);
-    if (!control_deps)
-      for (auto& op : g.ops) op.control_deps.clear();
+    const Graph& g = program.GraphOf(role);
     GraphIndex index = GraphIndex::Build(g);
     PriceContext ctx{g, index, program.mesh, rep};
     base[r] = static_cast<int>(j.dur.size());
@@ -265,20 +263,20 @@ double JoinedInterferenceBound(const Program& program, const JoinedGraph& j, con
 
 double InterferenceBoundUs(const Program& program, const CostModel& cost, double interference, std::string* role) {
   if (!(interference > 0)) return 0;
-  const JoinedGraph j = BuildJoinedGraph(program, cost, /*control_deps=*/false);
+  const JoinedGraph j = BuildJoinedGraph(program, cost);
   std::vector<double> head, tail;
   BoundOfJoinedGraph(j, static_cast<int>(program.roles.size()), &head, &tail);
   return JoinedInterferenceBound(program, j, head, tail, interference, role);
 }
 
-LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps) {
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost) {
   std::vector<double> head, tail;
-  return BoundOfJoinedGraph(BuildJoinedGraph(program, cost, control_deps), static_cast<int>(program.roles.size()),
+  return BoundOfJoinedGraph(BuildJoinedGraph(program, cost), static_cast<int>(program.roles.size()),
                             &head, &tail);
 }
 
-LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps, double interference) {
-  const JoinedGraph j = BuildJoinedGraph(program, cost, control_deps);
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, double interference) {
+  const JoinedGraph j = BuildJoinedGraph(program, cost);
   std::vector<double> head, tail;
   LowerBound lb = BoundOfJoinedGraph(j, static_cast<int>(program.roles.size()), &head, &tail);
   if (interference > 0) lb.interference_us = JoinedInterferenceBound(program, j, head, tail, interference, nullptr);

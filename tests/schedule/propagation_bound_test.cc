@@ -213,7 +213,7 @@ TEST(PropagationBoundTest, HandExampleBeatsThePlainBound) {
   AnalyticCostModel cost = Cost();
   Program p = HandExample();
   ASSERT_TRUE(VerifyProgram(p).empty()) << VerifyProgram(p)[0];
-  LowerBound plain = ComputeLowerBound(p, cost, false);
+  LowerBound plain = ComputeLowerBound(p, cost);
   EXPECT_DOUBLE_EQ(plain.critical_path_us, 23);
   EXPECT_DOUBLE_EQ(plain.stream_load_us, 13);
   EXPECT_DOUBLE_EQ(plain.lower_bound_us, 23);
@@ -230,7 +230,7 @@ TEST(PlainBoundTest, SerialRuleCountsPredecessorsOnOneStream) {
   AnalyticCostModel cost = Cost();
   Program p = SerialExample();
   ASSERT_TRUE(VerifyProgram(p).empty()) << VerifyProgram(p)[0];
-  LowerBound plain = ComputeLowerBound(p, cost, false);
+  LowerBound plain = ComputeLowerBound(p, cost);
   EXPECT_DOUBLE_EQ(plain.critical_path_us, 24);
   EXPECT_DOUBLE_EQ(plain.lower_bound_us, 24);
   EXPECT_DOUBLE_EQ(BruteForceOptimum(p, cost), 24);
@@ -335,7 +335,7 @@ Program RandomChunked(uint64_t seed) {
 
 /// The longest chain of durations, without any resource reasoning.
 double LongestPathUs(const Program& p, const CostModel& cost) {
-  const JoinedGraph j = BuildJoinedGraph(p, cost, false);
+  const JoinedGraph j = BuildJoinedGraph(p, cost);
   std::vector<double> end(j.dur.size(), 0);
   for (size_t round = 0; round < j.dur.size(); ++round)
     for (size_t i = 0; i < j.dur.size(); ++i) {
@@ -359,7 +359,7 @@ TEST(PlainBoundTest, SerialRuleNeverAboveTheBruteForceOptimumOnChunkedCollective
     ASSERT_TRUE(VerifyProgram(p).empty()) << VerifyProgram(p)[0];
     const double optimum = BruteForceOptimum(p, cost);
     ASSERT_GT(optimum, 0);
-    const LowerBound lb = ComputeLowerBound(p, cost, false);
+    const LowerBound lb = ComputeLowerBound(p, cost);
     EXPECT_LE(lb.lower_bound_us, optimum * (1 + 1e-9));
     tight += lb.lower_bound_us > optimum * (1 - 1e-9) && LongestPathUs(p, cost) < optimum * (1 - 1e-9);
     const double f = seed % 2 == 0 ? 0.5 : 0.2;
@@ -437,7 +437,7 @@ TEST(InterferenceBoundTest, HandExample) {
   p.graphs = {g};
   p.roles = {{"spmd", "main", {0, 1}}};
   ASSERT_TRUE(VerifyProgram(p).empty()) << VerifyProgram(p)[0];
-  EXPECT_DOUBLE_EQ(ComputeLowerBound(p, cost, false).lower_bound_us, 10);
+  EXPECT_DOUBLE_EQ(ComputeLowerBound(p, cost).lower_bound_us, 10);
   std::string role;
   EXPECT_NEAR(InterferenceBoundUs(p, cost, 0.2, &role), 11, 1e-9);
   EXPECT_EQ(role, "spmd");
@@ -469,7 +469,7 @@ TEST(InterferenceBoundTest, HandExampleWithThresholdAndTail) {
   p.graphs = {g};
   p.roles = {{"spmd", "main", {0, 1}}};
   ASSERT_TRUE(VerifyProgram(p).empty()) << VerifyProgram(p)[0];
-  EXPECT_DOUBLE_EQ(ComputeLowerBound(p, cost, false).lower_bound_us, 17);
+  EXPECT_DOUBLE_EQ(ComputeLowerBound(p, cost).lower_bound_us, 17);
   EXPECT_NEAR(InterferenceBoundUs(p, cost, 0.2), 18, 1e-9);
   EXPECT_NEAR(BruteForceOptimum(p, cost, 0.2), 18, 1e-9);
 }
@@ -486,7 +486,7 @@ TEST(InterferenceBoundTest, NeverAboveTheBruteForceOptimum) {
     ASSERT_GT(optimum, 0);
     const double bound = InterferenceBoundUs(p, cost, f);
     EXPECT_LE(bound, optimum * (1 + 1e-9)) << "interference " << f;
-    above_plain += bound > ComputeLowerBound(p, cost, false).lower_bound_us * (1 + 1e-9);
+    above_plain += bound > ComputeLowerBound(p, cost).lower_bound_us * (1 + 1e-9);
   }
   EXPECT_GT(above_plain, 0);
   std::printf("interference bound above the plain bound on %d of 160 programs\n", above_plain);

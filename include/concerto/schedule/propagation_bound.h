@@ -49,7 +49,7 @@ struct PropagationBound {
   /// is higher (nothing proven beyond it; skipped: the plain bound, or 0 when
   /// skipped before computing it).
   double bound_us = 0;
-  /// ComputeLowerBound(program, cost, false) on the same graph, us.
+  /// ComputeLowerBound(program, cost) on the same graph, us.
   double plain_us = 0;
   double tick_us = 0;        // the time unit of the model
   int64_t bound_ticks = 0;   // largest T proven infeasible, plus one
@@ -63,8 +63,8 @@ struct PropagationBound {
   std::string skip_reason;   // why (when skipped)
 };
 
-/// The propagation bound of `program` (data edges only, as
-/// ComputeLowerBound(program, cost, false)). Errors: bad options, or a model
+/// The propagation bound of `program` (data and control edges, as
+/// ComputeLowerBound(program, cost)). Errors: bad options, or a model
 /// Gecode rejects.
 Result<PropagationBound> ComputePropagationBound(const Program& program, const CostModel& cost,
                                                  const PropagationBoundOptions& options);

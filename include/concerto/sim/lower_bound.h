@@ -48,16 +48,17 @@ struct JoinedGraph {
 };
 /// The link slots of JoinedGraph::link_us.
 inline constexpr const char* kLinkNames[4] = {"intra-link.out", "intra-link.in", "nic.out", "nic.in"};
-/// The joined graph; with `control_deps` false only data edges count.
-JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost, bool control_deps);
+/// The joined graph: data and control edges (both are precedences the
+/// machine model honours, so every bound counts both).
+JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost);
 
 /// LB = max(critical path, busiest stream's total work, fill + work + drain
 /// of one stream), from undelayed op durations on each role's lowest rank.
 /// The graphs of all roles are joined where sends on one representative meet
 /// recvs on another (a rendezvous: both start together; the k-th send of a
-/// key meets its k-th recv), so pipeline fill and drain count. With
-/// `control_deps` false only data edges count: a relaxation, so still a
-/// bound, that ignores the ordering edges a scheduler added. This is the
+/// key meets its k-th recv), so pipeline fill and drain count. Data and
+/// control edges count alike (a program's control edges, and those a
+/// scheduler added, are precedences of that program). This is the
 /// *plain* bound; the driver raises `lower_bound_us` with the propagation
 /// and interference bounds.
 struct LowerBound {
@@ -91,11 +92,11 @@ struct LowerBound {
   /// "stream load" or "critical path".
   std::string BindingTerm() const;
 };
-LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps = true);
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost);
 /// The plain bound and, from the same joined graph, the interference bound
-/// (InterferenceBoundUs with these `control_deps`): `interference_us` is set
-/// and `lower_bound_us` is the max of both.
-LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, bool control_deps, double interference);
+/// (InterferenceBoundUs): `interference_us` is set and `lower_bound_us` is
+/// the max of both.
+LowerBound ComputeLowerBound(const Program& program, const CostModel& cost, double interference);
 /// The same bound of an already joined graph of `roles` roles; also hands
 /// back the heads (earliest starts, us) and tails (work that must follow an
 /// op's nominal end, us) it used: valid for every schedule.
