@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "concerto/ir/op_registry.h"
 #include "concerto/cost/cost_model.h"
 
 namespace concerto {
@@ -58,11 +59,8 @@ double PeakTflops(const DeviceSpec& device, DType dtype) {
   return device.peak_tflops_fp32;
 }
 
-/// Compute types priced at matmul_efficiency (tensor-core kernels).
-bool UsesMatmulEfficiency(ComputeType type) {
-  return type == ComputeType::kMatmul || type == ComputeType::kAttention ||
-         type == ComputeType::kAttentionGrad;
-}
+/// Compute types priced at matmul_efficiency (tensor-core kernels, op registry).
+bool UsesMatmulEfficiency(ComputeType type) { return OpInfo(type).kernel_class == KernelClass::kTensorCore; }
 
 /// How a group sits on the cluster's nodes.
 struct GroupLayout {

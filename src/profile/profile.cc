@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "concerto/ir/graph_index.h"
+#include "concerto/ir/op_registry.h"
 #include "concerto/lower/transformer.h"
 #include "concerto/runtime/kernels.h"
 
@@ -147,19 +148,7 @@ std::pair<double, double> RingFactors(CollectiveType type, int n) {
 /// Kernels whose time is set by the bytes they stream (a few flops per
 /// element): they fit the memory bandwidth. Transcendental (GELU, softmax),
 /// row-reduction and gather kernels are compute- or latency-bound on a CPU.
-bool IsStreamingKernel(ComputeType t) {
-  switch (t) {
-    case ComputeType::kAdd:
-    case ComputeType::kMul:
-    case ComputeType::kScale:
-    case ComputeType::kSlice:
-    case ComputeType::kConcat:
-    case ComputeType::kIdentity:
-    case ComputeType::kCast:
-    case ComputeType::kAdam: return true;
-    default: return false;
-  }
-}
+bool IsStreamingKernel(ComputeType t) { return OpInfo(t).kernel_class == KernelClass::kStreaming; }
 
 }  // namespace
 

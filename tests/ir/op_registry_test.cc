@@ -38,6 +38,21 @@ TEST(OpRegistry, TheFrontendsFlopCountsAreTheRegistrys) {
   EXPECT_EQ(FlopsPerUnit(ComputeType::kMatmul), 0);  // a formula, not a per-element count
 }
 
+TEST(OpRegistry, KernelClassesForTheCostModelAndTheProfiler) {
+  // Tensor-core kernels are priced at matmul efficiency; streaming ones are
+  // fitted to memory bandwidth by the profiler; the rest are vector kernels.
+  int tensor_core = 0, streaming = 0;
+  for (const OpTypeInfo& info : OpRegistry()) {
+    tensor_core += info.kernel_class == KernelClass::kTensorCore;
+    streaming += info.kernel_class == KernelClass::kStreaming;
+  }
+  EXPECT_EQ(tensor_core, 3);  // matmul, attention, attention_grad
+  EXPECT_EQ(streaming, 8);    // add, mul, scale, slice, concat, identity, cast, adam
+  EXPECT_EQ(OpInfo(ComputeType::kAttentionGrad).kernel_class, KernelClass::kTensorCore);
+  EXPECT_EQ(OpInfo(ComputeType::kAdam).kernel_class, KernelClass::kStreaming);
+  EXPECT_EQ(OpInfo(ComputeType::kGelu).kernel_class, KernelClass::kVector);
+}
+
 TEST(OpRegistry, TheVerifierAppliesTheEntrysShapeRule) {
   // gelu's rule: one input, one output of its shape. [4, 8] -> [4, 9] fails
   // with the rule's message; [4, 8] -> [4, 8] passes.

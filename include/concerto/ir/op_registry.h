@@ -9,7 +9,8 @@
 // The other facets of a compute type still live with the layer that owns
 // them, each a switch over ComputeType (the compiler's -Wswitch names a
 // missing case): the CPU kernel (runtime/kernels.cc), the sharding rule
-// (lower/partitioner.cc) and the backward (the frontends). docs/architecture.md "How to add an op" walks
+// (lower/partitioner.cc) and the backward (the frontends). The cost model's
+// and the profiler's kernel class is in the entry (kernel_class). docs/architecture.md "How to add an op" walks
 // through all of them; moving them into this entry is the open part of the
 // redesign (issue 14's notes).
 #pragma once
@@ -27,6 +28,13 @@ namespace concerto {
 using ShapeRule = std::string (*)(const Op& op, const std::vector<const Tensor*>& inputs,
                                   const std::vector<const Tensor*>& outputs);
 
+/// How a kernel of the type spends its time, for the cost model and the
+/// profiler: tensor-core kernels are priced at the device's matmul
+/// efficiency; streaming kernels (a few flops per element) are bound by the
+/// bytes they move and fit the memory bandwidth when profiled; vector
+/// kernels (transcendentals, row reductions, gathers) are the rest.
+enum class KernelClass { kTensorCore, kStreaming, kVector };
+
 struct OpTypeInfo {
   ComputeType type;
   std::string_view name;       // the IR's spelling ("layer_norm")
@@ -37,6 +45,7 @@ struct OpTypeInfo {
   std::string_view flops_per;
   /// The shape rule the verifier applies (CheckComputeShapes).
   ShapeRule shape_rule;
+  KernelClass kernel_class;
 };
 
 /// Every compute type, in enum order.
