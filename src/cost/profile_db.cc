@@ -11,6 +11,7 @@
 #include <set>
 
 #include "concerto/cost/cost_model.h"
+#include "concerto/ir/op_registry.h"
 #include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
@@ -20,12 +21,12 @@ namespace {
 constexpr const char* kProfileFormat = "concerto-profile";
 constexpr int kProfileVersion = 1;
 
-/// Attributes that change an op's running time (the rest, such as eps, lr or
-/// step, do not, and would only split the profile's keys).
-bool IsShapeAttr(const std::string& key) {
-  static const std::set<std::string> kKeys = {"transpose_a", "transpose_b", "heads",
-                                              "kv_heads",    "causal",      "axis"};
-  return kKeys.count(key) > 0;
+/// Whether attribute `key` of a `type` op changes its running time (the op
+/// registry's `timing` flag); the rest, such as eps, lr or step, do not, and
+/// would only split the profile's keys.
+bool IsTimingAttr(ComputeType type, const std::string& key) {
+  const AttrInfo* a = FindAttr(type, key);
+  return a != nullptr && a->timing;
 }
 
 /// A number as it appears in a signature: integers without a decimal point.
@@ -103,7 +104,7 @@ std::string ProfileDb::Signature(const Op& op, const PriceContext& ctx, const Cl
                         ShapeList(op.outputs, ctx, dtype, &unresolved) + "|";
       std::string attrs;
       for (const auto& [key, value] : op.attrs)  // std::map: sorted by key
-        if (IsShapeAttr(key)) attrs += (attrs.empty() ? "" : ",") + key + "=" + SigNumber(value);
+        if (IsTimingAttr(op.compute_type, key)) attrs += (attrs.empty() ? "" : ",") + key + "=" + SigNumber(value);
       sig += attrs;
       if (unresolved) sig += "|flops=" + SigNumber(op.flops) + ",bytes=" + SigNumber(op.bytes);
       return sig;

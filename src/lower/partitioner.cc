@@ -1,10 +1,10 @@
 // The SPMD partitioner: an unsharded program plus a sharding plan to the
 // per-rank program, with every resharding collective derived and inserted
-// (GSPMD-style). Each compute type has a rule written as dimension labels
-// (an einsum signature): operand dimensions with the same label must be
-// sharded alike, a label that an output lacks is contracted (that output
-// is a pending partial sum over the label's axes), and some labels must
-// stay whole (a norm's hidden dim, attention's sequence). docs/frontends.md
+// (GSPMD-style). Each compute type's rule is its op registry entry's
+// sharding signature (ir/sharding_signature.h, src/ir/sharding_rules.cc):
+// dimension labels, as in an einsum; this pass turns a signature and the
+// inputs' current shardings into an assignment and the resharding
+// collectives. docs/frontends.md
 // ("Per-op sharding plans") states the rules and the resharding table.
 #include <algorithm>
 #include <cassert>
@@ -18,6 +18,8 @@
 
 #include "concerto/ir/graph_index.h"
 #include "concerto/ir/comm_streams.h"
+#include "concerto/ir/op_registry.h"
+#include "concerto/ir/sharding_signature.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/sharding_plan.h"
 
@@ -67,34 +69,7 @@ Spec Replicated(size_t rank) {
   return s;
 }
 
-/// A compute type's rule for one op: a label per operand dimension.
-struct Signature {
-  std::vector<std::vector<int>> in, out;
-  int labels = 0;
-  std::vector<bool> whole;   // per label: must not be sharded
-  std::vector<bool> lookup;  // per label: not part of the iteration space (flops)
-  /// How partial inputs may pass through: none; all inputs with the same
-  /// partial axes (a sum); at most one (a product); each input to its paired output.
-  enum class Linear { kNone, kSame, kOne, kPairwise } linear = Linear::kNone;
-  bool contract_max = false;     // reduce_max: contracted labels give a pending max
-  bool no_output_partial = false;  // cross_entropy: the loss is this rank's mean
-  std::map<int, DimSharding> forced;  // labels fixed before anything else (may share axes)
-  std::set<int> renamed;  // labels an output lacks without a sum (slice and concat axes)
-  std::map<int, DimSharding> hints;   // for labels no operand or annotation sets
-  int head_label = -1;                // attention: heads and kv_heads split by its axes
-
-  /// Per label: its independent group (the input/output pair of a multi-pair
-  /// identity or copy); an axis shards at most one label per group.
-  std::vector<int> group;
-  int current_group = 0;
-
-  int NewLabel(bool is_whole = false) {
-    group.push_back(current_group);
-    whole.push_back(is_whole);
-    lookup.push_back(false);
-    return labels++;
-  }
-};
+using Signature = ShardingSignature;
 
 /// The chosen shardings of one op: what each input must be, what each output is.
 struct Assignment {
@@ -596,228 +571,29 @@ class Partitioner {
   }
   const Tensor& Global(const std::string& name) const { return *state_[tensor_index_.at(name)].global; }
 
-  /// The signature of op `op` (given its inputs' current specs), or an error.
+  /// The partitioner as the registry's sharding rules see it.
+  class RuleContext : public ShardingRuleContext {
+   public:
+    explicit RuleContext(const Partitioner& p) : p_(p) {}
+    const Graph& graph() const override { return p_.graph_; }
+    const Tensor& Global(const std::string& name) const override { return p_.Global(name); }
+    const DimSharding& CurrentDim(const std::string& name, size_t dim) const override {
+      return p_.CurrentSpec(name).dims[dim];
+    }
+
+   private:
+    const Partitioner& p_;
+  };
+
+  /// The signature of op `op` (given its inputs' current specs): its
+  /// compute type's rule from the op registry (a copy's: pairwise), or an error.
   Result<Signature> BuildSignature(const Op& op) const {
-    Signature sig;
-    auto rank = [&](const std::string& n) { return Global(n).shape.size(); };
-    auto fresh = [&](size_t r, std::vector<int>* dims) {
-      dims->clear();
-      for (size_t i = 0; i < r; ++i) dims->push_back(sig.NewLabel());
-    };
-    const size_t nin = op.inputs.size(), nout = op.outputs.size();
-    sig.in.resize(nin);
-    sig.out.resize(nout);
-    auto all_same = [&]() {  // every operand labelled like input 0
-      fresh(rank(op.inputs[0]), &sig.in[0]);
-      for (size_t i = 1; i < nin; ++i) sig.in[i] = sig.in[0];
-      for (size_t o = 0; o < nout; ++o) sig.out[o] = sig.in[0];
-    };
-    if (op.kind == OpKind::kCopy) {
-      for (size_t i = 0; i < nin; ++i) {
-        sig.current_group = static_cast<int>(i);
-        fresh(rank(op.inputs[i]), &sig.in[i]);
-        sig.out[i] = sig.in[i];
-      }
-      sig.linear = Signature::Linear::kPairwise;
-      return sig;
-    }
-    switch (op.compute_type) {
-      case ComputeType::kMatmul: {
-        const bool ta = op.Attr("transpose_a", 0) != 0, tb = op.Attr("transpose_b", 0) != 0;
-        const size_t ra = rank(op.inputs[0]), rb = rank(op.inputs[1]);
-        std::vector<int> batch;
-        for (size_t i = 0; i + 2 < ra; ++i) batch.push_back(sig.NewLabel());
-        const int m = sig.NewLabel(), k = sig.NewLabel(), n = sig.NewLabel();
-        sig.in[0] = batch;
-        sig.in[0].push_back(ta ? k : m);
-        sig.in[0].push_back(ta ? m : k);
-        sig.in[1] = rb == 2 ? std::vector<int>{} : batch;
-        sig.in[1].push_back(tb ? n : k);
-        sig.in[1].push_back(tb ? k : n);
-        sig.out[0] = batch;
-        sig.out[0].push_back(m);
-        sig.out[0].push_back(n);
-        sig.linear = Signature::Linear::kOne;
-        return sig;
-      }
-      case ComputeType::kAdd: {
-        fresh(rank(op.inputs[0]), &sig.in[0]);
-        const size_t ry = rank(op.inputs[1]);
-        sig.in[1].assign(sig.in[0].end() - static_cast<std::ptrdiff_t>(ry), sig.in[0].end());
-        sig.out[0] = sig.in[0];
-        sig.linear = Signature::Linear::kSame;
-        return sig;
-      }
-      case ComputeType::kScale:
-        all_same();
-        sig.linear = Signature::Linear::kPairwise;
-        return sig;
-      case ComputeType::kMul: case ComputeType::kGelu: case ComputeType::kGeluGrad:
-      case ComputeType::kSilu: case ComputeType::kSiluGrad: case ComputeType::kSwiglu:
-      case ComputeType::kSwigluGrad: case ComputeType::kCast: case ComputeType::kAdam:
-        all_same();
-        return sig;
-      case ComputeType::kSoftmax: case ComputeType::kSoftmaxGrad:
-        all_same();
-        sig.whole[sig.in[0].back()] = true;
-        return sig;
-      case ComputeType::kLayerNorm: case ComputeType::kRmsNorm:
-      case ComputeType::kLayerNormGrad: case ComputeType::kRmsNormGrad: {
-        const bool grad = op.compute_type == ComputeType::kLayerNormGrad || op.compute_type == ComputeType::kRmsNormGrad;
-        const size_t x = grad ? 1 : 0;
-        fresh(rank(op.inputs[x]), &sig.in[x]);
-        const int h = sig.in[x].back();
-        sig.whole[h] = true;
-        for (size_t i = 0; i < nin; ++i)
-          sig.in[i] = rank(op.inputs[i]) == 1 ? std::vector<int>{h} : sig.in[x];
-        for (size_t o = 0; o < nout; ++o)
-          sig.out[o] = rank(op.outputs[o]) == 1 ? std::vector<int>{h} : sig.in[x];
-        return sig;
-      }
-      case ComputeType::kAttention: case ComputeType::kAttentionGrad: {
-        const int b = sig.NewLabel(), s = sig.NewLabel(true), h = sig.NewLabel();
-        for (size_t i = 0; i < nin; ++i) sig.in[i] = {b, s, h};
-        for (size_t o = 0; o < nout; ++o) sig.out[o] = {b, s, h};
-        sig.head_label = h;
-        return sig;
-      }
-      case ComputeType::kEmbedding: {  // table [V, H], ids [...] -> [..., H]
-        const int v = sig.NewLabel(), h = sig.NewLabel();
-        sig.lookup[v] = true;
-        fresh(rank(op.inputs[1]), &sig.in[1]);
-        sig.in[0] = {v, h};
-        sig.out[0] = sig.in[1];
-        sig.out[0].push_back(h);
-        return sig;
-      }
-      case ComputeType::kEmbeddingGrad: {  // dy [..., H], ids [...] -> dtable [V, H]
-        const int v = sig.NewLabel(), h = sig.NewLabel();
-        sig.lookup[v] = true;
-        fresh(rank(op.inputs[1]), &sig.in[1]);
-        sig.in[0] = sig.in[1];
-        sig.in[0].push_back(h);
-        sig.out[0] = {v, h};
-        // Lay the table's gradient out like the table of the lookup that reads the same ids.
-        for (const Op& other : graph_.ops)
-          if (other.kind == OpKind::kCompute && other.compute_type == ComputeType::kEmbedding &&
-              other.inputs[1] == op.inputs[1] && Global(other.inputs[0]).shape == Global(op.outputs[0]).shape) {
-            sig.hints[v] = CurrentSpec(other.inputs[0]).dims[0];
-            break;
-          }
-        return sig;
-      }
-      case ComputeType::kReduceMax: case ComputeType::kSumExp: case ComputeType::kGatherTarget: {
-        fresh(rank(op.inputs[0]), &sig.in[0]);  // x [..., V]
-        std::vector<int> lead(sig.in[0].begin(), sig.in[0].end() - 1);
-        if (nin > 1) sig.in[1] = lead;
-        sig.out[0] = lead;
-        sig.contract_max = op.compute_type == ComputeType::kReduceMax;
-        return sig;
-      }
-      case ComputeType::kCrossEntropy: {
-        fresh(rank(op.inputs[0]), &sig.in[0]);
-        for (size_t i = 1; i < nin; ++i) sig.in[i] = sig.in[0];
-        fresh(rank(op.outputs[0]), &sig.out[0]);
-        for (int l : sig.out[0]) sig.whole[l] = true;
-        sig.no_output_partial = true;
-        return sig;
-      }
-      case ComputeType::kCrossEntropyGrad: {  // logits [..., V], m, z, labels [...]
-        fresh(rank(op.inputs[0]), &sig.in[0]);
-        std::vector<int> lead(sig.in[0].begin(), sig.in[0].end() - 1);
-        for (size_t i = 1; i < nin; ++i) sig.in[i] = lead;
-        sig.out[0] = sig.in[0];
-        return sig;
-      }
-      case ComputeType::kSlice: {
-        const size_t axis = static_cast<size_t>(op.Attr("axis", 0));
-        fresh(rank(op.inputs[0]), &sig.in[0]);
-        sig.out[0] = sig.in[0];
-        const int a_in = sig.in[0][axis], a_out = sig.NewLabel();
-        sig.out[0][axis] = a_out;
-        sig.renamed.insert(a_in);
-        sig.linear = Signature::Linear::kPairwise;
-        const DimSharding& have = CurrentSpec(op.inputs[0]).dims[axis];
-        const int64_t start = static_cast<int64_t>(op.Attr("start", 0));
-        const int64_t len = Global(op.outputs[0]).shape[axis];
-        int64_t offset = 0;
-        bool aligned = false;
-        for (int64_t seg : have.segments) {
-          if (offset == start && seg == len) aligned = true;
-          offset += seg;
-        }
-        if (aligned && !have.axes.empty()) {  // a whole segment: each rank slices its block of it
-          sig.forced[a_in] = have;
-          sig.forced[a_out] = DimSharding{have.axes, {}};
-        } else {
-          sig.whole[a_in] = sig.whole[a_out] = true;
-        }
-        return sig;
-      }
-      case ComputeType::kConcat: {
-        const size_t axis = static_cast<size_t>(op.Attr("axis", 0));
-        fresh(rank(op.inputs[0]), &sig.in[0]);
-        std::vector<int> axis_labels = {sig.in[0][axis]};
-        for (size_t i = 1; i < nin; ++i) {
-          sig.in[i] = sig.in[0];
-          sig.in[i][axis] = sig.NewLabel();
-          axis_labels.push_back(sig.in[i][axis]);
-        }
-        sig.out[0] = sig.in[0];
-        sig.out[0][axis] = sig.NewLabel();
-        sig.renamed.insert(axis_labels.begin(), axis_labels.end());
-        sig.linear = Signature::Linear::kSame;
-        const DimSharding first = CurrentSpec(op.inputs[0]).dims[axis];
-        bool same = !first.axes.empty() && first.segments.empty();
-        DimSharding out{first.axes, {}};
-        for (size_t i = 0; i < nin; ++i) {
-          const DimSharding& d = CurrentSpec(op.inputs[i]).dims[axis];
-          same = same && d == first;
-          out.segments.push_back(Global(op.inputs[i]).shape[axis]);
-        }
-        if (same) {  // each rank concatenates its blocks: a segmented output
-          for (int l : axis_labels) sig.forced[l] = first;
-          sig.forced[sig.out[0][axis]] = out;
-        } else {
-          for (int l : axis_labels) sig.whole[l] = true;
-          sig.whole[sig.out[0][axis]] = true;
-        }
-        return sig;
-      }
-      case ComputeType::kIdentity: {  // pairwise reshapes
-        for (size_t i = 0; i < nin; ++i) {
-          const auto& a = Global(op.inputs[i]).shape;
-          const auto& b = Global(op.outputs[i]).shape;
-          sig.current_group = static_cast<int>(i);
-          fresh(a.size(), &sig.in[i]);
-          if (a == b) {
-            sig.out[i] = sig.in[i];
-            continue;
-          }
-          // Groups of dims with equal products; only a group's first dim may be sharded.
-          sig.out[i].assign(b.size(), -1);
-          size_t x = 0, y = 0;
-          while (x < a.size() || y < b.size()) {
-            const size_t x0 = x, y0 = y;
-            int64_t pa = x < a.size() ? a[x++] : 1, pb = y < b.size() ? b[y++] : 1;
-            while (pa != pb) {
-              if (pa < pb && x < a.size()) pa *= a[x++];
-              else if (pb < pa && y < b.size()) pb *= b[y++];
-              else return Status::Error("identity shapes do not regroup");
-            }
-            for (size_t k = x0 + 1; k < x; ++k) sig.whole[sig.in[i][k]] = true;
-            if (y0 < b.size()) sig.out[i][y0] = x0 < a.size() ? sig.in[i][x0] : sig.NewLabel(true);
-            for (size_t k = y0 + 1; k < y; ++k) sig.out[i][k] = sig.NewLabel(true);
-            if (x0 < a.size() && y0 >= b.size()) sig.whole[sig.in[i][x0]] = true;
-          }
-        }
-        sig.linear = Signature::Linear::kPairwise;
-        return sig;
-      }
-      default:
-        break;
-    }
-    return Status::Error("no sharding rule for compute type '" + std::string(ToString(op.compute_type)) + "'");
+    const RuleContext ctx(*this);
+    if (op.kind == OpKind::kCopy) return CopyShardingSignature(op, ctx);
+    const ShardingSignatureRule rule = OpInfo(op.compute_type).sharding;
+    if (rule == nullptr)
+      return Status::Error("no sharding rule for compute type '" + std::string(ToString(op.compute_type)) + "'");
+    return rule(op, ctx);
   }
 
   /// Global sizes of every operand dimension carrying label `l`.

@@ -3,6 +3,8 @@
 // reductions (norms, softmax, loss) accumulate in double and store fp32.
 #include "concerto/runtime/kernels.h"
 
+#include "concerto/ir/op_registry.h"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -786,51 +788,14 @@ void Transpose(const Op& op, const std::vector<KernelArg>& in, const std::vector
         }
 }
 
-/// Expected (inputs, outputs) of a compute type; -1 for "any" (checked elsewhere).
-std::pair<int, int> Arity(ComputeType t) {
-  switch (t) {
-    case ComputeType::kMatmul: case ComputeType::kAdd: case ComputeType::kMul:
-    case ComputeType::kSwiglu: case ComputeType::kRmsNorm: case ComputeType::kEmbedding:
-    case ComputeType::kSumExp: case ComputeType::kGatherTarget: case ComputeType::kGeluGrad:
-    case ComputeType::kSiluGrad: case ComputeType::kSoftmaxGrad: case ComputeType::kEmbeddingGrad:
-      return {2, 1};
-    case ComputeType::kScale: case ComputeType::kGelu: case ComputeType::kSilu:
-    case ComputeType::kSoftmax: case ComputeType::kReduceMax: case ComputeType::kSlice:
-    case ComputeType::kCast:
-      return {1, 1};
-    case ComputeType::kSwigluGrad: return {3, 2};
-    case ComputeType::kLayerNorm: return {3, 1};
-    case ComputeType::kLayerNormGrad: return {3, 3};
-    case ComputeType::kRmsNormGrad: return {3, 2};
-    case ComputeType::kAttention: return {3, 1};
-    case ComputeType::kAttentionGrad: return {4, 3};
-    case ComputeType::kCrossEntropy: return {3, 1};
-    case ComputeType::kCrossEntropyGrad: return {4, 1};
-    case ComputeType::kAdam: return {4, 3};
-    case ComputeType::kConcat: return {-1, 1};
-    case ComputeType::kIdentity: return {-1, -1};
-    case ComputeType::kTopK: return {1, 2};
-    case ComputeType::kTopKGrad: return {3, 1};
-    case ComputeType::kMoeDispatch: case ComputeType::kMoeDispatchGrad: return {2, 1};
-    case ComputeType::kMoeCombine: return {3, 1};
-    case ComputeType::kMoeCombineGrad: return {4, 2};
-    case ComputeType::kTranspose: return {1, 1};
-  }
-  return {-2, -2};  // not a known type
-}
-
-/// The attribute checks of one op.
+/// The attribute checks of one op: the integer attributes of its registry
+/// entry within their bounds, then what the bounds cannot say.
 Status CheckAttrs(const Op& op, const std::vector<const Tensor*>& inputs) {
-  constexpr double kBig = 1e15;
+  for (const AttrInfo& a : OpInfo(op.compute_type).attrs)
+    if (a.integer) CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, std::string(a.name), a.required, a.lo, a.hi));
   switch (op.compute_type) {
-    case ComputeType::kMatmul:
-      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "transpose_a", false, 0, 1));
-      return CheckIntAttr(op, "transpose_b", false, 0, 1);
     case ComputeType::kAttention:
     case ComputeType::kAttentionGrad: {
-      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "heads", true, 1, kBig));
-      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "kv_heads", false, 1, kBig));
-      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "causal", false, 0, 1));
       const int64_t heads = static_cast<int64_t>(op.Attr("heads", 1));
       const int64_t kv = static_cast<int64_t>(op.Attr("kv_heads", static_cast<double>(heads)));
       const Tensor& q = *inputs[op.compute_type == ComputeType::kAttention ? 0 : 1];
@@ -838,19 +803,6 @@ Status CheckAttrs(const Op& op, const std::vector<const Tensor*>& inputs) {
         return OpError(op, "heads must divide q's last dim and kv_heads must divide heads");
       return Status::Ok();
     }
-    case ComputeType::kSlice:
-      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "axis", true, 0, kBig));
-      return CheckIntAttr(op, "start", true, 0, kBig);
-    case ComputeType::kConcat:
-      return CheckIntAttr(op, "axis", true, 0, kBig);
-    case ComputeType::kTopK:
-      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "k", true, 1, kBig));
-      return CheckIntAttr(op, "normalize", false, 0, 1);
-    case ComputeType::kTopKGrad:
-      return CheckIntAttr(op, "normalize", false, 0, 1);
-    case ComputeType::kTranspose:
-      CONCERTO_RETURN_IF_ERROR(CheckIntAttr(op, "axis0", true, 0, kBig));
-      return CheckIntAttr(op, "axis1", true, 0, kBig);
     case ComputeType::kCrossEntropy:
     case ComputeType::kCrossEntropyGrad:
       if (op.Attr("denominator", 1) == 0) return OpError(op, "denominator must not be 0");
@@ -899,8 +851,9 @@ void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)
 Status CheckKernel(const Op& op, const std::vector<const Tensor*>& inputs,
                    const std::vector<const Tensor*>& outputs) {
   assert(op.kind == OpKind::kCompute);
-  const auto [nin, nout] = Arity(op.compute_type);
-  if (nin == -2) return Status::Error(OpLabel(op) + ": the runtime has no kernel for this compute type");
+  const CpuKernel* kernel = FindCpuKernel(op.compute_type);
+  if (kernel == nullptr) return Status::Error(OpLabel(op) + ": the runtime has no kernel for this compute type");
+  const int nin = kernel->inputs, nout = kernel->outputs;
   // Optional trailing operands: Adam's f32 master copy (in and out), the
   // attention grad's forward output (flash-style row sums).
   const bool adam_master = op.compute_type == ComputeType::kAdam && inputs.size() == 5 && outputs.size() == 4;
@@ -919,52 +872,68 @@ Status CheckKernel(const Op& op, const std::vector<const Tensor*>& inputs,
   return CheckIdRange(op, inputs);
 }
 
+const std::vector<CpuKernel>& CpuKernels() {
+  using T = ComputeType;
+  using In = const std::vector<KernelArg>&;
+  using Ctx = const KernelContext&;
+  // CONCERTO_KERNEL(body): a kernel that cannot fail, as a KernelFn.
+#define CONCERTO_KERNEL(body) +[](const Op& op, In in, In out, Ctx ctx) -> Status { \
+    (void)op; (void)ctx; body; return Status::Ok(); }
+  static const std::vector<CpuKernel> kernels = {
+      {T::kMatmul, 2, 1, +[](const Op& op, In in, In out, Ctx) { return Matmul(op, in, out); }},
+      {T::kAdd, 2, 1, CONCERTO_KERNEL(Add(in, out))},
+      {T::kMul, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double x, double y) { return x * y; }))},
+      {T::kScale, 1, 1, CONCERTO_KERNEL(const double s = op.Attr("scale", 1);
+                                        Unary(in, out, [s](double x) { return x * s; }))},
+      {T::kGelu, 1, 1, CONCERTO_KERNEL(Unary(in, out, Gelu))},
+      {T::kGeluGrad, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double dy, double x) { return dy * GeluDeriv(x); }))},
+      {T::kSilu, 1, 1, CONCERTO_KERNEL(Unary(in, out, Silu))},
+      {T::kSiluGrad, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double dy, double x) { return dy * SiluDeriv(x); }))},
+      {T::kSwiglu, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double g, double up) { return Silu(g) * up; }))},
+      {T::kSwigluGrad, 3, 2, CONCERTO_KERNEL(SwigluGrad(in, out))},
+      {T::kLayerNorm, 3, 1, CONCERTO_KERNEL(LayerNorm(op, in, out))},
+      {T::kLayerNormGrad, 3, 3, CONCERTO_KERNEL(LayerNormGrad(op, in, out))},
+      {T::kRmsNorm, 2, 1, CONCERTO_KERNEL(RmsNorm(op, in, out))},
+      {T::kRmsNormGrad, 3, 2, CONCERTO_KERNEL(RmsNormGrad(op, in, out))},
+      {T::kSoftmax, 1, 1, CONCERTO_KERNEL(Softmax(in, out))},
+      {T::kSoftmaxGrad, 2, 1, CONCERTO_KERNEL(SoftmaxGrad(in, out))},
+      {T::kAttention, 3, 1, CONCERTO_KERNEL(Attention(op, in, out))},
+      {T::kAttentionGrad, 4, 3, CONCERTO_KERNEL(AttentionGrad(op, in, out))},
+      {T::kEmbedding, 2, 1, CONCERTO_KERNEL(Embedding(in, out, ctx))},
+      {T::kEmbeddingGrad, 2, 1, CONCERTO_KERNEL(EmbeddingGrad(in, out, ctx))},
+      {T::kReduceMax, 1, 1, CONCERTO_KERNEL(ReduceMax(in, out))},
+      {T::kSumExp, 2, 1, CONCERTO_KERNEL(SumExp(in, out))},
+      {T::kGatherTarget, 2, 1, CONCERTO_KERNEL(GatherTarget(in, out, ctx))},
+      {T::kCrossEntropy, 3, 1, CONCERTO_KERNEL(CrossEntropy(op, in, out))},
+      {T::kCrossEntropyGrad, 4, 1, CONCERTO_KERNEL(CrossEntropyGrad(op, in, out, ctx))},
+      {T::kAdam, 4, 3, CONCERTO_KERNEL(Adam(op, in, out))},
+      {T::kSlice, 1, 1, CONCERTO_KERNEL(Slice(op, in, out))},
+      {T::kConcat, -1, 1, CONCERTO_KERNEL(Concat(op, in, out))},
+      {T::kCast, 1, 1, CONCERTO_KERNEL(Cast(in, out))},
+      {T::kIdentity, -1, -1, CONCERTO_KERNEL(Identity(in, out))},
+      {T::kTopK, 1, 2, CONCERTO_KERNEL(TopK(op, in, out))},
+      {T::kTopKGrad, 3, 1, +[](const Op& op, In in, In out, Ctx) { return TopKGrad(op, in, out); }},
+      {T::kMoeDispatch, 2, 1, +[](const Op& op, In in, In out, Ctx) { return MoeDispatch(op, in, out); }},
+      {T::kMoeDispatchGrad, 2, 1, +[](const Op& op, In in, In out, Ctx) { return MoeDispatchGrad(op, in, out); }},
+      {T::kMoeCombine, 3, 1, +[](const Op& op, In in, In out, Ctx) { return MoeCombine(op, in, out); }},
+      {T::kMoeCombineGrad, 4, 2, +[](const Op& op, In in, In out, Ctx) { return MoeCombineGrad(op, in, out); }},
+      {T::kTranspose, 1, 1, CONCERTO_KERNEL(Transpose(op, in, out))},
+  };
+#undef CONCERTO_KERNEL
+  return kernels;
+}
+
+const CpuKernel* FindCpuKernel(ComputeType type) {
+  const std::vector<CpuKernel>& k = CpuKernels();
+  const size_t i = static_cast<size_t>(type);
+  return i < k.size() && k[i].type == type ? &k[i] : nullptr;
+}
+
 Status RunKernel(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out,
                  const KernelContext& ctx) {
-  switch (op.compute_type) {
-    case ComputeType::kMatmul: return Matmul(op, in, out);
-    case ComputeType::kAdd: Add(in, out); break;
-    case ComputeType::kMul: Binary(in, out, [](double x, double y) { return x * y; }); break;
-    case ComputeType::kScale: {
-      const double s = op.Attr("scale", 1);
-      Unary(in, out, [s](double x) { return x * s; });
-      break;
-    }
-    case ComputeType::kGelu: Unary(in, out, Gelu); break;
-    case ComputeType::kGeluGrad: Binary(in, out, [](double dy, double x) { return dy * GeluDeriv(x); }); break;
-    case ComputeType::kSilu: Unary(in, out, Silu); break;
-    case ComputeType::kSiluGrad: Binary(in, out, [](double dy, double x) { return dy * SiluDeriv(x); }); break;
-    case ComputeType::kSwiglu: Binary(in, out, [](double g, double up) { return Silu(g) * up; }); break;
-    case ComputeType::kSwigluGrad: SwigluGrad(in, out); break;
-    case ComputeType::kLayerNorm: LayerNorm(op, in, out); break;
-    case ComputeType::kLayerNormGrad: LayerNormGrad(op, in, out); break;
-    case ComputeType::kRmsNorm: RmsNorm(op, in, out); break;
-    case ComputeType::kRmsNormGrad: RmsNormGrad(op, in, out); break;
-    case ComputeType::kSoftmax: Softmax(in, out); break;
-    case ComputeType::kSoftmaxGrad: SoftmaxGrad(in, out); break;
-    case ComputeType::kAttention: Attention(op, in, out); break;
-    case ComputeType::kAttentionGrad: AttentionGrad(op, in, out); break;
-    case ComputeType::kEmbedding: Embedding(in, out, ctx); break;
-    case ComputeType::kEmbeddingGrad: EmbeddingGrad(in, out, ctx); break;
-    case ComputeType::kReduceMax: ReduceMax(in, out); break;
-    case ComputeType::kSumExp: SumExp(in, out); break;
-    case ComputeType::kGatherTarget: GatherTarget(in, out, ctx); break;
-    case ComputeType::kCrossEntropy: CrossEntropy(op, in, out); break;
-    case ComputeType::kCrossEntropyGrad: CrossEntropyGrad(op, in, out, ctx); break;
-    case ComputeType::kAdam: Adam(op, in, out); break;
-    case ComputeType::kSlice: Slice(op, in, out); break;
-    case ComputeType::kConcat: Concat(op, in, out); break;
-    case ComputeType::kCast: Cast(in, out); break;
-    case ComputeType::kIdentity: Identity(in, out); break;
-    case ComputeType::kTopK: TopK(op, in, out); break;
-    case ComputeType::kTopKGrad: return TopKGrad(op, in, out);
-    case ComputeType::kMoeDispatch: return MoeDispatch(op, in, out);
-    case ComputeType::kMoeDispatchGrad: return MoeDispatchGrad(op, in, out);
-    case ComputeType::kMoeCombine: return MoeCombine(op, in, out);
-    case ComputeType::kMoeCombineGrad: return MoeCombineGrad(op, in, out);
-    case ComputeType::kTranspose: Transpose(op, in, out); break;
-  }
-  return Status::Ok();
+  const CpuKernel* kernel = FindCpuKernel(op.compute_type);
+  assert(kernel != nullptr && "CheckKernel accepted the op");
+  return kernel->run(op, in, out, ctx);
 }
 
 }  // namespace concerto

@@ -3,6 +3,7 @@
 // flop counts and the verifier's shape rules come from.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 
 #include "concerto/ir/ir.h"
@@ -70,6 +71,66 @@ TEST(OpRegistry, TheVerifierAppliesTheEntrysShapeRule) {
   EXPECT_EQ(OpInfo(ComputeType::kGelu).shape_rule(op, {&x}, {&good}), "");
   const std::string message = OpInfo(ComputeType::kGelu).shape_rule(op, {&x}, {&bad});
   EXPECT_NE(message.find("'z'"), std::string::npos) << message;
+}
+
+TEST(OpRegistry, AttributesSayWhatKeysTheProfile) {
+  // Attributes that change a kernel's time are in the profile key; eps, lr
+  // and the like are not. Attribute names are unique within an entry.
+  for (const OpTypeInfo& info : OpRegistry()) {
+    std::set<std::string_view> names;
+    for (const AttrInfo& a : info.attrs) {
+      EXPECT_TRUE(names.insert(a.name).second) << info.name << "." << a.name;
+      if (a.integer) EXPECT_LE(a.lo, a.hi) << info.name << "." << a.name;
+    }
+  }
+  EXPECT_TRUE(FindAttr(ComputeType::kMatmul, "transpose_b")->timing);
+  EXPECT_TRUE(FindAttr(ComputeType::kAttention, "causal")->timing);
+  EXPECT_FALSE(FindAttr(ComputeType::kLayerNorm, "eps")->timing);
+  EXPECT_TRUE(FindAttr(ComputeType::kAttention, "heads")->required);
+  EXPECT_EQ(FindAttr(ComputeType::kGelu, "eps"), nullptr);
+}
+
+/// A context over one graph whose tensors are all replicated.
+class ReplicatedContext : public ShardingRuleContext {
+ public:
+  explicit ReplicatedContext(Graph g) : g_(std::move(g)) {}
+  const Graph& graph() const override { return g_; }
+  const Tensor& Global(const std::string& name) const override { return g_.tensors.at(index_.at(name)); }
+  const DimSharding& CurrentDim(const std::string&, size_t) const override { return none_; }
+  void Index() {
+    for (size_t i = 0; i < g_.tensors.size(); ++i) index_[g_.tensors[i].name] = i;
+  }
+
+ private:
+  Graph g_;
+  std::map<std::string, size_t> index_;
+  DimSharding none_;
+};
+
+TEST(OpRegistry, ShardingRulesLabelOperandDimensions) {
+  // matmul x [4, 8, 16] (batch b, m, k) times w [16, 32] (k, n) -> y [4, 8, 32]:
+  // labels b=0, m=1, k=2, n=3; x = (0, 1, 2), w = (2, 3), y = (0, 1, 3); k
+  // is contracted (y lacks it), linear in one input (a partial x stays partial).
+  Graph g;
+  g.tensors = {{"x", {4, 8, 16}, DType::kF32}, {"w", {16, 32}, DType::kF32}, {"y", {4, 8, 32}, DType::kF32}};
+  ReplicatedContext ctx(g);
+  ctx.Index();
+  Op op;
+  op.kind = OpKind::kCompute;
+  op.compute_type = ComputeType::kMatmul;
+  op.inputs = {"x", "w"};
+  op.outputs = {"y"};
+  Result<ShardingSignature> sig = OpInfo(ComputeType::kMatmul).sharding(op, ctx);
+  ASSERT_TRUE(sig.ok()) << sig.status().message();
+  EXPECT_EQ(sig->in[0], (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(sig->in[1], (std::vector<int>{2, 3}));
+  EXPECT_EQ(sig->out[0], (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(sig->linear, ShardingSignature::Linear::kOne);
+  // Types the frontends emit already sharded have no rule; the rest have one.
+  int without = 0;
+  for (const OpTypeInfo& info : OpRegistry()) without += info.sharding == nullptr;
+  EXPECT_EQ(without, 7);  // top_k(_grad), moe_dispatch/combine(_grad), transpose
+  EXPECT_EQ(OpInfo(ComputeType::kTranspose).sharding, nullptr);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "concerto/ir/op_registry.h"
 #include "concerto/runtime/kernels.h"
 
 namespace concerto {
@@ -319,6 +320,33 @@ TEST(RuntimeKernels, CheckKernelRejectsMissingAttributes) {
   EXPECT_NE(st.message().find("missing required attribute 'heads'"), std::string::npos) << st.message();
   Op sl = MakeOp(ComputeType::kSlice, 1, 1, {{"axis", 0.5}, {"start", 0}});
   EXPECT_FALSE(CheckKernel(sl, {&q}, {&o}).ok());
+}
+
+TEST(RuntimeKernels, OneKernelPerRegistryEntryInEnumOrder) {
+  // The runtime's facet of the op registry: a kernel for every compute type,
+  // in the registry's order, with its operand counts.
+  const std::vector<CpuKernel>& k = CpuKernels();
+  ASSERT_EQ(k.size(), OpRegistry().size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    EXPECT_EQ(k[i].type, OpRegistry()[i].type) << OpRegistry()[i].name;
+    EXPECT_NE(k[i].run, nullptr) << OpRegistry()[i].name;
+    EXPECT_EQ(FindCpuKernel(k[i].type), &k[i]);
+  }
+}
+
+TEST(RuntimeKernels, IntegerAttributesAreCheckedAgainstTheRegistrysBounds) {
+  // transpose's axis0 is an integer in [0, 1e15] by its registry entry: -1
+  // and 0.5 are rejected by CheckKernel, naming the attribute; 0 passes.
+  ASSERT_NE(FindAttr(ComputeType::kTranspose, "axis0"), nullptr);
+  EXPECT_TRUE(FindAttr(ComputeType::kTranspose, "axis0")->integer);
+  Tensor x = T("in0", {2, 3}), y = T("out0", {3, 2});
+  for (double bad : {-1.0, 0.5}) {
+    Op op = MakeOp(ComputeType::kTranspose, 1, 1, {{"axis0", bad}, {"axis1", 1}});
+    Status st = CheckKernel(op, {&x}, {&y});
+    ASSERT_FALSE(st.ok()) << bad;
+    EXPECT_NE(st.message().find("axis0"), std::string::npos) << st.message();
+  }
+  EXPECT_TRUE(CheckKernel(MakeOp(ComputeType::kTranspose, 1, 1, {{"axis0", 0}, {"axis1", 1}}), {&x}, {&y}).ok());
 }
 
 // ---- backward ops against finite differences --------------------------------

@@ -14,19 +14,12 @@
 #include <vector>
 
 #include "concerto/ir/ir.h"
+#include "concerto/ir/sharding_signature.h"
 #include "concerto/util/status.h"
 
 namespace concerto {
 
-/// How one dimension of a tensor is split over mesh axes. `segments` (global
-/// sizes, summing to the dimension) makes it a segmented dimension: each
-/// segment is split over `axes` on its own and a rank holds block c of every
-/// segment, in order (Megatron's fused QKV weight [q | k | v]).
-struct DimSharding {
-  std::vector<std::string> axes;
-  std::vector<int64_t> segments;
-  bool operator==(const DimSharding&) const = default;
-};
+// DimSharding (how one dimension is split over mesh axes) is the IR's: ir/sharding_signature.h.
 
 /// One pattern of the file and the sharding it assigns. `replicated`: the
 /// string "replicated", which fits a tensor of any rank; otherwise `dims`

@@ -27,6 +27,27 @@ struct KernelContext {
   int rank = 0;
 };
 
+/// A compute type's fp32 CPU kernel: reads `inputs`, overwrites every
+/// element of `outputs`.
+using KernelFn = Status (*)(const Op& op, const std::vector<KernelArg>& inputs,
+                            const std::vector<KernelArg>& outputs, const KernelContext& ctx);
+
+/// The runtime's facet of an op registry entry (ir/op_registry.h): the
+/// kernel and the operand counts it takes (-1: any number; concat's inputs,
+/// identity's pairs). Adam's f32 master copy and attention_grad's forward
+/// output are optional trailing operands the kernels accept beyond these.
+struct CpuKernel {
+  ComputeType type;
+  int inputs, outputs;
+  KernelFn run;
+};
+
+/// Every compute type's kernel, in enum order (as OpRegistry(); a test
+/// checks that the two tables match).
+const std::vector<CpuKernel>& CpuKernels();
+/// The kernel of `type`, or null when the runtime has none.
+const CpuKernel* FindCpuKernel(ComputeType type);
+
 /// Ok when the runtime can execute compute op `op` with these tensors:
 /// a known type, the required attributes present and integral where the IR
 /// says so, and argument counts the kernel needs. Runs before anything
