@@ -2,10 +2,13 @@
 // the frontends' workloads, on a800-4x8 and commodity-4x8. Prints a
 // markdown table (docs/results.md) and, with --json, one JSON object.
 //
-//   concerto_quality [--time-budget S] [--json] [--only NAME]
+//   concerto_quality [--time-budget S] [--set OPTION=VALUE]... [--json] [--only NAME]
 //   concerto_quality --scaling [--only PLAN]   scheduling time vs graph size (1k, 10k, 100k ops)
 //   concerto_quality --sweep     quality vs rounds and block size on two workloads
 //   concerto_quality --bound-speed  the propagation bound's time vs graph size (fifo programs)
+//   concerto_quality --stop-rule [--only MODEL]  the search's stop rules side by side: the old
+//                fixed 4 rounds (stop on a round without gain) and the default gain rule, on
+//                every quality row and on random training-like DAGs of 1k, 10k and 100k ops
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +22,7 @@
 #include "concerto/driver/driver.h"
 #include "concerto/util/json_text.h"
 #include "concerto/lower/frontend.h"
+#include "concerto/lower/synthetic.h"
 #include "concerto/schedule/propagation_bound.h"
 
 namespace {
@@ -125,6 +129,69 @@ int Sweep(Options options) {
   return 0;
 }
 
+/// One concerto run for the stop-rule table: final makespan, rounds, seconds.
+struct StopRun {
+  double makespan_us = 0, seconds = 0;
+  int rounds = 0;
+  bool stopped_on_stall = false, hit_budget = false;
+};
+Result<StopRun> RunForStopRule(const Program& program, const CostModel& cost, const Options& options) {
+  Result<RunResult> run = RunScheduler(program, "concerto", cost, options, nullptr, nullptr);
+  if (!run.ok()) return run.status();
+  const ConcertoReport& r = *run->concerto;
+  return StopRun{r.final_makespan_us, r.seconds, r.rounds_run, r.stopped_on_stall, r.hit_time_budget};
+}
+
+/// The stop rules side by side on one program: the fixed rule of before
+/// (at most 4 rounds, stop on a round without any gain) and the defaults
+/// (the gain rule, docs/concerto.md step 5).
+Status StopRuleRow(const std::string& label, const Program& program, const CostModel& cost, const Options& options) {
+  std::fprintf(stderr, "stop rule: %s\n", label.c_str());
+  Options fixed = options;
+  CONCERTO_RETURN_IF_ERROR(fixed.Set("rounds", 4));
+  CONCERTO_RETURN_IF_ERROR(fixed.Set("min-round-gain", 0));
+  CONCERTO_RETURN_IF_ERROR(fixed.Set("stall-rounds", 1));
+  Result<StopRun> a = RunForStopRule(program, cost, fixed);
+  if (!a.ok()) return a.status();
+  Result<StopRun> b = RunForStopRule(program, cost, options);
+  if (!b.ok()) return b.status();
+  size_t ops = 0;
+  for (const Graph& g : program.graphs) ops += g.ops.size();
+  auto why = [](const StopRun& r) { return r.hit_budget ? " (budget)" : r.stopped_on_stall ? "" : " (cap)"; };
+  std::cout << fmt::format("| {} | {} | {:.1f} | {}{} | {:.1f} | {:.1f} | {}{} | {:.1f} | {:+.3f}% | {:.2f}x |\n", label, ops,
+                           a->makespan_us / 1e3, a->rounds, why(*a), a->seconds, b->makespan_us / 1e3, b->rounds,
+                           why(*b), b->seconds, 100 * (b->makespan_us / a->makespan_us - 1),
+                           a->seconds > 0 ? b->seconds / a->seconds : 0.0)
+            << std::flush;
+  return Status::Ok();
+}
+
+int StopRule(const Options& options, const std::string& only) {
+  std::cout << "| program | ops | fixed: ms | rounds | s | gain rule: ms | rounds | s | makespan change | time ratio |\n"
+               "|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& w : Workloads()) {
+    if (!only.empty() && w.model != only) continue;
+    Result<Program> program = LowerModelPlan(w.model, w.plan);
+    if (!program.ok()) return std::fprintf(stderr, "%s\n", program.status().message().c_str()), 1;
+    for (const std::string cluster : {"a800-4x8", "commodity-4x8"}) {
+      AnalyticCostModel cost(LoadCluster(cluster).value());
+      if (Status s = StopRuleRow(w.model + " " + w.plan + " on " + cluster, *program, cost, options); !s.ok())
+        return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
+    }
+  }
+  if (!only.empty() && only != "random") return 0;
+  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
+  for (int n : {1000, 10000, 100000}) {
+    SyntheticSpec spec;
+    spec.num_ops = n;
+    if (Status s = StopRuleRow(fmt::format("random DAG {} ops (8 ranks) on a800-4x8", n), SyntheticProgram(spec),
+                               cost, options);
+        !s.ok())
+      return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
+  }
+  return 0;
+}
+
 /// The propagation bound (default options, searched up to fifo's makespan)
 /// on the scaling sizes and the pipeline workload: time, probes, gain.
 int BoundSpeed() {
@@ -172,19 +239,26 @@ int Main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--time-budget") && i + 1 < argc) {
       Status s = options.Set("time-budget", std::atof(argv[++i]));
       if (!s.ok()) return std::fprintf(stderr, "%s\n", s.message().c_str()), 2;
+    } else if (!std::strcmp(argv[i], "--set") && i + 1 < argc) {  // --set NAME=VALUE: any option of the table
+      const std::string kv = argv[++i];
+      const size_t eq = kv.find('=');
+      Status s = eq == std::string::npos ? Status::Error("--set takes NAME=VALUE, got '" + kv + "'")
+                                         : options.Set(kv.substr(0, eq), std::atof(kv.c_str() + eq + 1));
+      if (!s.ok()) return std::fprintf(stderr, "%s\n", s.message().c_str()), 2;
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
     } else if (!std::strcmp(argv[i], "--scaling") || !std::strcmp(argv[i], "--sweep") ||
-               !std::strcmp(argv[i], "--bound-speed")) {
+               !std::strcmp(argv[i], "--bound-speed") || !std::strcmp(argv[i], "--stop-rule")) {
       mode = argv[i];
     } else {
-      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--json] [--only MODEL (with --scaling: PLAN)] [--scaling | --sweep | --bound-speed]\n");
+      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--set OPTION=VALUE]... [--json] [--only MODEL (with --scaling: PLAN)] [--scaling | --sweep | --bound-speed | --stop-rule]\n");
       return 2;
     }
   }
   if (mode == "--scaling") return Scaling(options, only);
   if (mode == "--sweep") return Sweep(options);
   if (mode == "--bound-speed") return BoundSpeed();
+  if (mode == "--stop-rule") return StopRule(options, only);
   nlohmann::json all = nlohmann::json::array();
   std::cout << "| workload | cluster | best baseline | baseline ms | concerto ms | improvement | T/LB | LB ms (term) "
                "| T/LB plain | overlap eff. | peak GiB | search s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";

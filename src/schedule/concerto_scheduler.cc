@@ -108,10 +108,15 @@ class Search {
       for (int pass = 0; pass < 2 && !Done(); ++pass) CONCERTO_RETURN_IF_ERROR(RunPass(round, pass));
       report_->rounds_run = round + 1;
       report_->makespan_after_round_us.push_back(best_.makespan_us);
-      stalled = best_.makespan_us < before_us ? 0 : stalled + 1;
+      const double gain = before_us > 0 ? (before_us - best_.makespan_us) / before_us : 0;
+      const bool gain_rule = round + 1 > opts_.gain_rule_after;
+      const bool stall = gain <= 0 || (gain_rule && gain < opts_.min_round_gain);
+      stalled = stall ? stalled + 1 : 0;
       if (opts_.stall_rounds > 0 && stalled >= opts_.stall_rounds && round + 1 < opts_.rounds) {
         report_->stopped_on_stall = true;
-        Say(fmt::format("stopping: {} round(s) without a gain (--stall-rounds)", stalled));
+        Say(gain_rule ? fmt::format("stopping: {} round(s) in a row gained less than {:g}% (--min-round-gain)", stalled,
+                                    100 * opts_.min_round_gain)
+                      : fmt::format("stopping: {} round(s) in a row without a gain (--stall-rounds)", stalled));
         break;
       }
     }
@@ -659,6 +664,9 @@ Result<ScheduledProgram> RunConcerto(const Program& program, const CostModel& co
   if (options.block_ops < 1) return Status::Error("option --block: must be at least 1 op");
   if (options.rounds < 0) return Status::Error("option --rounds: must not be negative");
   if (options.stall_rounds < 0) return Status::Error("option --stall-rounds: must not be negative");
+  if (options.gain_rule_after < 0) return Status::Error("option --gain-rule-after: must not be negative");
+  if (!(options.min_round_gain >= 0 && options.min_round_gain <= 1))
+    return Status::Error("option --min-round-gain: must be a fraction in [0, 1]");
   if (options.memory_budget_bytes < 0) return Status::Error("option --memory-budget: must not be negative");
   ConcertoReport local;
   Search search(program, cost, options, report ? report : &local, progress);
@@ -669,10 +677,19 @@ const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
   static const std::vector<OptionRecord<ConcertoOptions>> records = {
       {"block", "ops", 2, 1e6, "concerto: ops per block; each window solves two adjacent blocks",
        &ConcertoOptions::block_ops},
-      {"rounds", "rounds", 0, 1000, "concerto: odd-even rounds (each an odd and an even pass)",
+      {"rounds", "rounds", 0, 1000,
+       "concerto: at most this many odd-even rounds (each an odd and an even pass); the gain rule usually stops "
+       "earlier",
        &ConcertoOptions::rounds},
+      {"min-round-gain", "fraction", 0, 1,
+       "concerto: after --gain-rule-after rounds, a round that improves the best makespan by less than this "
+       "fraction of it stalls (a round without any gain always does)",
+       &ConcertoOptions::min_round_gain},
+      {"gain-rule-after", "rounds", 0, 1000,
+       "concerto: rounds before --min-round-gain applies (until then only a round without any gain stalls)",
+       &ConcertoOptions::gain_rule_after},
       {"stall-rounds", "rounds", 0, 1000,
-       "concerto: stop after this many rounds in a row that do not improve the best schedule (0: never)",
+       "concerto: stop after this many stalled rounds in a row (see --min-round-gain; 0: run all --rounds)",
        &ConcertoOptions::stall_rounds},
       {"window-fail-limit", "fails", 1, 1e9,
        "concerto: failed search nodes per window solve (deterministic; CBC: branch-and-bound nodes)",

@@ -1,9 +1,12 @@
-// --stall-rounds: the search stops after that many rounds in a row without a
-// gain. The rounds before the stop are exactly those of a search that runs
-// every round (the search is deterministic), so running every round is never
-// worse, and a stop is only reported after a round that left the best
-// makespan where it was.
+// The stop rule: the search stops after --stall-rounds rounds in a row that
+// stall: that leave the best makespan where it was or, after
+// --gain-rule-after rounds, gain less than --min-round-gain of it. The rounds
+// before the stop are exactly those of a search that runs every round (the
+// search is deterministic), so running every round is never worse.
 #include <gtest/gtest.h>
+
+#include <algorithm>
+#include <vector>
 
 #include "concerto/cost/cluster.h"
 #include "concerto/cost/cost_model.h"
@@ -18,13 +21,34 @@ struct StallRun {
   ConcertoReport report;
 };
 
-StallRun RunWithStall(int stall_rounds) {
+StallRun RunWithStall(int stall_rounds, double min_round_gain = 0, int gain_rule_after = 0) {
   AnalyticCostModel cost(LoadCluster("a800-4x8").value());
   Program p = LowerGpt(GptPreset("gpt-tiny").value(), {2, 2}).value();
   ConcertoOptions o;
   o.block_ops = 20;
   o.rounds = 6;
   o.stall_rounds = stall_rounds;
+  o.min_round_gain = min_round_gain;
+  o.gain_rule_after = gain_rule_after;
+  StallRun run;
+  run.sp = RunConcerto(p, cost, o, &run.report);
+  return run;
+}
+
+/// Two layers of gpt-1.3b under dp=4, tp=8 on commodity-4x8 in blocks of
+/// 125: its rounds gain 0.3%, then about 0.001%, then nothing (a later round
+/// that gains a little, which the gain rule must tell from a real gain).
+StallRun RunGainRule(int stall_rounds, double min_round_gain = 0, int gain_rule_after = 0) {
+  AnalyticCostModel cost(LoadCluster("commodity-4x8").value());
+  GptConfig config = GptPreset("gpt-1.3b").value();
+  config.layers = 2;
+  Program p = LowerGpt(config, {4, 8}).value();
+  ConcertoOptions o;
+  o.block_ops = 125;
+  o.rounds = 6;
+  o.stall_rounds = stall_rounds;
+  o.min_round_gain = min_round_gain;
+  o.gain_rule_after = gain_rule_after;
   StallRun run;
   run.sp = RunConcerto(p, cost, o, &run.report);
   return run;
@@ -58,6 +82,43 @@ TEST(ConcertoStall, StopsOnlyAfterARoundWithoutAGainAndEveryRoundIsNeverWorse) {
   // gains nothing before the 6th), so the test sees a real stop.
   EXPECT_TRUE(stall.report.stopped_on_stall);
   EXPECT_GT(all.report.rounds_run, stall.report.rounds_run);
+}
+
+TEST(ConcertoStall, TheGainRuleStopsAtTheFirstRoundThatGainsTooLittle) {
+  // From the every-round trace a[k] (best makespan after round k+1; the
+  // starting point before round 1) take the rounds' relative gains; with the gain
+  // rule from round 2 and a threshold just above the smallest positive gain
+  // of rounds 2..6, the search must stop right after the first round from 2
+  // on whose gain is below the threshold, having run the same rounds.
+  const StallRun all = RunGainRule(0);
+  ASSERT_TRUE(all.sp.ok()) << all.sp.status().message();
+  const auto& a = all.report.makespan_after_round_us;
+  ASSERT_GE(a.size(), 3u);
+  std::vector<double> gain;
+  double before = all.report.start_makespan_us;  // the best before round 1
+  for (double m : a) gain.push_back((before - m) / before), before = m;
+  double smallest = 1;
+  for (size_t k = 1; k < gain.size(); ++k)
+    if (gain[k] > 0) smallest = std::min(smallest, gain[k]);
+  ASSERT_LT(smallest, 1) << "no round after the first gains: the test would see no gain-rule stop";
+  const double threshold = smallest * 1.5;
+  size_t expected = gain[0] <= 0 ? 1 : a.size();  // rounds run
+  for (size_t k = 1; k < gain.size() && expected == a.size(); ++k)
+    if (gain[k] < threshold) {
+      expected = k + 1;
+      break;
+    }
+  const StallRun rule = RunGainRule(1, threshold, 1);
+  ASSERT_TRUE(rule.sp.ok()) << rule.sp.status().message();
+  EXPECT_EQ(static_cast<size_t>(rule.report.rounds_run), expected);
+  EXPECT_EQ(rule.report.stopped_on_stall, expected < a.size());
+  for (size_t k = 0; k < rule.report.makespan_after_round_us.size(); ++k)
+    EXPECT_EQ(rule.report.makespan_after_round_us[k], a[k]) << "round " << k + 1;
+  // Without the threshold (a stall only without any gain) it runs at least as long.
+  const StallRun plain = RunGainRule(1);
+  ASSERT_TRUE(plain.sp.ok());
+  EXPECT_GT(plain.report.rounds_run, rule.report.rounds_run);  // this program: the rule stops a round earlier
+  EXPECT_LE(plain.report.final_makespan_us, rule.report.final_makespan_us);
 }
 
 TEST(ConcertoStall, NegativeStallRoundsIsRejected) {

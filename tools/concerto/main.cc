@@ -217,7 +217,7 @@ int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
         "feasible at the limit, {} unsolved) with {}; {} collectives fused; gap to the bound {:.1f}%; {:.1f} s{}\n",
         r.incumbent, r.incumbent_makespan_us / 1e3, r.start, r.start_makespan_us / 1e3, r.rounds_run, r.windows.size(), r.windows_optimal,
         r.windows_feasible, r.windows_unsolved, r.solver, r.fused_collectives, 100 * r.gap, r.seconds,
-        r.hit_time_budget ? " (time budget reached)" : r.stopped_on_stall ? " (stopped: a round without a gain)" : "");
+        r.hit_time_budget ? " (time budget reached)" : r.stopped_on_stall ? " (stopped: a stalled round, --min-round-gain)" : "");
     std::cout << fmt::format("makespan {:.3f} ms -> {:.3f} ms; peak memory {:.3f} GiB (incumbent {:.3f} GiB{})\n",
                              r.incumbent_makespan_us / 1e3, r.final_makespan_us / 1e3,
                              r.peak_memory_bytes / double(1 << 30), r.incumbent_peak_memory_bytes / double(1 << 30),

@@ -22,10 +22,18 @@ namespace concerto {
 struct ConcertoOptions {
   std::string solver = "gecode";
   int block_ops = 125;               // b: ops per block; a window is two blocks
-  int rounds = 4;                    // R: each round is an odd and an even pass
-  /// Stop after this many rounds in a row that leave the best makespan where
-  /// it was (the windows of a later round then start from nearly the same
-  /// orders); 0: run every round.
+  /// R: at most this many rounds, each an odd and an even pass; the search
+  /// usually stops earlier, on the gain rule below.
+  int rounds = 50;
+  /// The gain rule: a round "stalls" when it leaves the best makespan where
+  /// it was or, after the first `gain_rule_after` rounds, when it improves it
+  /// by less than `min_round_gain` of it. The search stops after
+  /// `stall_rounds` stalled rounds in a row (0: never, run all `rounds`), at
+  /// the lower bound, or at the time budget. (Before the rule: at most 4
+  /// rounds, a stall only without any gain; the first 4 rounds still stop
+  /// that way, so no schedule is worse than it was then.)
+  double min_round_gain = 0.0005;
+  int gain_rule_after = 4;
   int stall_rounds = 1;
   /// Per window solve: a deterministic work limit (Gecode failed nodes, CBC
   /// nodes) and a wall-clock safety net, reported when it fires.
@@ -55,7 +63,7 @@ struct ConcertoOptions {
 };
 
 /// The option records of ConcertoOptions (util/option_record.h): block,
-/// rounds, stall-rounds, window-fail-limit, window-time-limit, time-budget,
+/// rounds, min-round-gain, gain-rule-after, stall-rounds, window-fail-limit, window-time-limit, time-budget,
 /// list-schedule, threads, reuse-windows, fuse. (Its solver, memory budget,
 /// simulation and baselines are set through their own records and the driver.)
 const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords();
