@@ -13,7 +13,9 @@
 #include "concerto/lower/transformer.h"
 #include "concerto/report/report.h"
 #include "concerto/runtime/launcher_job.h"
+#include "concerto/decompose/decompose.h"
 #include "concerto/runtime/reference.h"
+#include "concerto/schedule/concerto_scheduler.h"
 #include "concerto/schedule/scheduler.h"
 
 namespace concerto {
@@ -242,6 +244,23 @@ std::string MeasuredJobText(const ScheduledProgram& sp, const MeasuredJob& job, 
       s.report_rank, s.compute_busy_us / 1e3, s.comm_busy_us / 1e3, s.exposed_comm_us / 1e3, 100 * s.overlap_ratio);
   if (!job.check.empty()) out += "reference check passed: " + job.check + "\n";
   return out;
+}
+
+nlohmann::json JobResultJson(const JobSpec& spec, const JobResult& job) {
+  const RunResult& run = job.run;
+  nlohmann::json j = SummaryJson(run.summary);
+  j["cluster"] = job.cost->cluster().name;
+  j["options"] = OptionsJson(spec.options);
+  if (run.concerto) j["concerto"] = ConcertoReportJson(*run.concerto);
+  if (run.decompose) j["decompose"] = DecomposeReportJson(*run.decompose);
+  return j;
+}
+
+nlohmann::json CompareResultJson(const JobSpec& spec, const CompareResult& compared) {
+  nlohmann::json j = CompareJson(compared.runs, compared.input_bound, compared.cost->cluster().name);
+  j["program"] = compared.label;
+  j["options"] = OptionsJson(spec.options);
+  return j;
 }
 
 }  // namespace concerto

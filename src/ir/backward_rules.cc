@@ -185,31 +185,23 @@ Status Swiglu(const Op& fwd, BackwardBuilder& b) {
   return Status::Ok();
 }
 
-// layer_norm(x, gamma, beta) -> layer_norm_grad(dy, x, gamma) -> (dx, dgamma, dbeta).
-Status LayerNorm(const Op& fwd, BackwardBuilder& b) {
+/// A norm's backward: `grad_type`(dy, x, gamma) -> a gradient per input.
+Status Norm(const Op& fwd, BackwardBuilder& b, ComputeType grad_type) {
   Result<std::string> dy = Dy(fwd, b);
   if (!dy.ok()) return dy.status();
   std::vector<std::string> grads;
   for (const std::string& in : fwd.inputs) grads.push_back(Like(b, in + ".grad", in));
-  b.Emit("", ComputeType::kLayerNormGrad, {*dy, fwd.inputs[0], fwd.inputs[1]}, grads,
-         FlopsPerUnit(ComputeType::kLayerNormGrad) * Elems(b, fwd.inputs[0]), fwd.attrs);
+  b.Emit("", grad_type, {*dy, fwd.inputs[0], fwd.inputs[1]}, grads,
+         FlopsPerUnit(grad_type) * Elems(b, fwd.inputs[0]), fwd.attrs);
   for (size_t i = 0; i < fwd.inputs.size(); ++i)
     if (b.NeedsGrad(fwd.inputs[i])) b.AddGrad(fwd.inputs[i], grads[i]);
   return Status::Ok();
 }
 
+// layer_norm(x, gamma, beta) -> layer_norm_grad(dy, x, gamma) -> (dx, dgamma, dbeta).
+Status LayerNorm(const Op& fwd, BackwardBuilder& b) { return Norm(fwd, b, ComputeType::kLayerNormGrad); }
 // rms_norm(x, gamma) -> rms_norm_grad(dy, x, gamma) -> (dx, dgamma).
-Status RmsNorm(const Op& fwd, BackwardBuilder& b) {
-  Result<std::string> dy = Dy(fwd, b);
-  if (!dy.ok()) return dy.status();
-  std::vector<std::string> grads;
-  for (const std::string& in : fwd.inputs) grads.push_back(Like(b, in + ".grad", in));
-  b.Emit("", ComputeType::kRmsNormGrad, {*dy, fwd.inputs[0], fwd.inputs[1]}, grads,
-         FlopsPerUnit(ComputeType::kRmsNormGrad) * Elems(b, fwd.inputs[0]), fwd.attrs);
-  for (size_t i = 0; i < fwd.inputs.size(); ++i)
-    if (b.NeedsGrad(fwd.inputs[i])) b.AddGrad(fwd.inputs[i], grads[i]);
-  return Status::Ok();
-}
+Status RmsNorm(const Op& fwd, BackwardBuilder& b) { return Norm(fwd, b, ComputeType::kRmsNormGrad); }
 
 // attention(q, k, v) -> o: attention_grad(do, q, k, v, o) -> (dq, dk, dv),
 // twice the forward's flops (the frontends' count).

@@ -80,7 +80,9 @@ TEST(OpRegistry, AttributesSayWhatKeysTheProfile) {
     std::set<std::string_view> names;
     for (const AttrInfo& a : info.attrs) {
       EXPECT_TRUE(names.insert(a.name).second) << info.name << "." << a.name;
-      if (a.integer) EXPECT_LE(a.lo, a.hi) << info.name << "." << a.name;
+      if (a.integer) {
+        EXPECT_LE(a.lo, a.hi) << info.name << "." << a.name;
+      }
     }
   }
   EXPECT_TRUE(FindAttr(ComputeType::kMatmul, "transpose_b")->timing);

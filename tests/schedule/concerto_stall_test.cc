@@ -21,11 +21,12 @@ struct StallRun {
   ConcertoReport report;
 };
 
-StallRun RunWithStall(int stall_rounds, double min_round_gain = 0, int gain_rule_after = 0) {
-  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
-  Program p = LowerGpt(GptPreset("gpt-tiny").value(), {2, 2}).value();
+/// Concerto on `p` with rounds = 6 and the stop rule's options.
+StallRun RunStopRule(const Program& p, const char* cluster, int block_ops, int stall_rounds, double min_round_gain,
+                     int gain_rule_after) {
+  AnalyticCostModel cost(LoadCluster(cluster).value());
   ConcertoOptions o;
-  o.block_ops = 20;
+  o.block_ops = block_ops;
   o.rounds = 6;
   o.stall_rounds = stall_rounds;
   o.min_round_gain = min_round_gain;
@@ -35,23 +36,20 @@ StallRun RunWithStall(int stall_rounds, double min_round_gain = 0, int gain_rule
   return run;
 }
 
+/// gpt-tiny under dp=2, tp=2 on a800-4x8 in blocks of 20.
+StallRun RunWithStall(int stall_rounds, double min_round_gain = 0, int gain_rule_after = 0) {
+  return RunStopRule(LowerGpt(GptPreset("gpt-tiny").value(), {2, 2}).value(), "a800-4x8", 20, stall_rounds,
+                     min_round_gain, gain_rule_after);
+}
+
 /// Two layers of gpt-1.3b under dp=4, tp=8 on commodity-4x8 in blocks of
 /// 125: its rounds gain 0.3%, then about 0.001%, then nothing (a later round
 /// that gains a little, which the gain rule must tell from a real gain).
 StallRun RunGainRule(int stall_rounds, double min_round_gain = 0, int gain_rule_after = 0) {
-  AnalyticCostModel cost(LoadCluster("commodity-4x8").value());
   GptConfig config = GptPreset("gpt-1.3b").value();
   config.layers = 2;
-  Program p = LowerGpt(config, {4, 8}).value();
-  ConcertoOptions o;
-  o.block_ops = 125;
-  o.rounds = 6;
-  o.stall_rounds = stall_rounds;
-  o.min_round_gain = min_round_gain;
-  o.gain_rule_after = gain_rule_after;
-  StallRun run;
-  run.sp = RunConcerto(p, cost, o, &run.report);
-  return run;
+  return RunStopRule(LowerGpt(config, {4, 8}).value(), "commodity-4x8", 125, stall_rounds, min_round_gain,
+                     gain_rule_after);
 }
 
 TEST(ConcertoStall, StopsOnlyAfterARoundWithoutAGainAndEveryRoundIsNeverWorse) {

@@ -129,12 +129,7 @@ int CmdSimulate(const SimulateFlags& sf, const CommonFlags& flags) {
     if (Status s = WriteTextFile(sf.write_program, WriteProgram(run->scheduled.program)); !s.ok()) return Fail(s);
   const Summary& s = run->summary;
   if (flags.json) {
-    nlohmann::json j = SummaryJson(s);
-    j["cluster"] = (*cost)->cluster().name;
-    j["options"] = OptionsJson(spec.options);
-    if (run->concerto) j["concerto"] = ConcertoReportJson(*run->concerto);
-    if (run->decompose) j["decompose"] = DecomposeReportJson(*run->decompose);
-    std::cout << DumpJson(j, 2) << "\n";
+    std::cout << DumpJson(JobResultJson(spec, *job), 2) << "\n";
     return 0;
   }
   std::cout << fmt::format(
@@ -274,10 +269,7 @@ int CmdCompare(const std::string& file, const std::string& model, const std::str
     if (Status s = WriteTraces(compared->runs, trace_dir); !s.ok()) return Fail(s);
   const std::string& cluster = compared->cost->cluster().name;
   if (flags.json) {
-    nlohmann::json j = CompareJson(compared->runs, compared->input_bound, cluster);
-    j["program"] = compared->label;
-    j["options"] = OptionsJson(spec.options);
-    std::cout << DumpJson(j, 2) << "\n";
+    std::cout << DumpJson(CompareResultJson(spec, *compared), 2) << "\n";
   } else {
     std::cout << CompareTable(compared->runs, compared->input_bound, compared->label + " on " + cluster);
   }

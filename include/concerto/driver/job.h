@@ -97,6 +97,12 @@ struct CompareResult {
 Result<CompareResult> CompareJob(const JobSpec& spec, const std::vector<std::string>& schedulers,
                                  const ProgressFn& progress = nullptr);
 
+/// The `--json` report of a job run (`concerto simulate --json`): the
+/// summary, the cluster, the option table's values and the passes' reports.
+nlohmann::json JobResultJson(const JobSpec& spec, const JobResult& job);
+/// The `--json` report of a comparison (`concerto compare --json`).
+nlohmann::json CompareResultJson(const JobSpec& spec, const CompareResult& compared);
+
 /// RunJob for execution: the job's run, refused before anything is launched
 /// unless the runtime can run it (CheckRunnable: the program and schedule
 /// verify, every compute op has a kernel); a schedule file that fails names

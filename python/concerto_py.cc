@@ -1,0 +1,191 @@
+// The Python package's native module (concerto._concerto): pybind11 over the
+// C++ library. Programs are Python objects; reports are the dicts of the
+// CLI's --json (the same JSON builders, parsed); a failing Status raises
+// concerto.Error with the C++ message. docs/python.md documents it.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <string>
+#include <vector>
+
+#include "concerto/cost/cluster.h"
+#include "concerto/driver/driver.h"
+#include "concerto/driver/job.h"
+#include "concerto/driver/options.h"
+#include "concerto/ir/autodiff.h"
+#include "concerto/ir/json_io.h"
+#include "concerto/ir/verifier.h"
+#include "concerto/lower/frontend.h"
+#include "concerto/schedule/schedule.h"
+#include "concerto/util/input_file.h"
+#include "concerto/util/json_text.h"
+#include "concerto/version.h"
+
+namespace py = pybind11;
+
+namespace concerto {
+namespace {
+
+/// What a failing Status becomes: concerto.Error (a RuntimeError) with its message.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void Check(const Status& s) {
+  if (!s.ok()) throw Error(s.message());
+}
+template <typename T>
+T Take(Result<T> r) {
+  if (!r.ok()) throw Error(r.status().message());
+  return std::move(r).value();
+}
+
+/// nlohmann::json -> a Python object, through Python's json module (exact,
+/// and the dict is the CLI's --json to the key).
+py::object ToPython(const nlohmann::json& j) {
+  static py::object loads = py::module_::import("json").attr("loads");
+  return loads(j.dump());
+}
+
+/// Options from a dict {name: number, "solver": str}; unknown names and
+/// values out of range raise with the option table's message.
+Options ToOptions(const py::dict& values) {
+  Options o;
+  for (const auto& [key, value] : values) {
+    const std::string name = py::str(key);
+    if (name == "solver") {
+      o.concerto.solver = py::str(value);
+      continue;
+    }
+    if (py::isinstance<py::str>(value)) {
+      const OptionSpec* spec = nullptr;
+      for (const OptionSpec& s : OptionTable())
+        if (s.name == name) spec = &s;
+      if (spec == nullptr) throw Error("unknown option '" + name + "'");
+      Check(o.Set(name, Take(ParseOptionValue(*spec, py::str(value)))));
+    } else {
+      Check(o.Set(name, value.cast<double>()));
+    }
+  }
+  return o;
+}
+
+JobSpec Spec(const Program& program, const std::string& cluster, const std::string& scheduler,
+             const py::dict& options, const std::string& profile) {
+  JobSpec spec;
+  spec.program = program;
+  spec.cluster = cluster;
+  spec.profile = profile;
+  spec.scheduler = scheduler;
+  spec.options = ToOptions(options);
+  return spec;
+}
+
+int NumOps(const Program& p) {
+  int n = 0;
+  for (const Graph& g : p.graphs) n += static_cast<int>(g.ops.size());
+  return n;
+}
+
+}  // namespace
+}  // namespace concerto
+
+PYBIND11_MODULE(_concerto, m) {
+  using namespace concerto;
+  m.doc() = "Concerto: schedule and simulate distributed training programs (the C++ library's bindings).";
+  m.attr("__version__") = std::string(kVersion);
+  py::register_exception<Error>(m, "Error", PyExc_RuntimeError);
+
+  py::class_<Program>(m, "Program", "A program of the IR: a mesh, graphs and the roles that run them.")
+      .def_property_readonly("name", [](const Program& p) { return p.name; })
+      .def_property_readonly("num_ranks", [](const Program& p) { return p.mesh.NumRanks(); })
+      .def_property_readonly("num_ops", &NumOps, "ops over all graphs")
+      .def_property_readonly("graph_names",
+                             [](const Program& p) {
+                               std::vector<std::string> names;
+                               for (const Graph& g : p.graphs) names.push_back(g.name);
+                               return names;
+                             })
+      .def("to_json", [](const Program& p) { return WriteProgram(p); }, "the IR file's text (concerto-ir JSON)")
+      .def("to_dict", [](const Program& p) { return ToPython(nlohmann::json::parse(WriteProgram(p))); },
+           "the IR file as a dict")
+      .def("write", [](const Program& p, const std::string& path) { Check(WriteTextFile(path, WriteProgram(p))); },
+           py::arg("path"))
+      .def("verify", [](const Program& p) { return VerifyProgram(p); },
+           "the verifier's findings (empty: the program is valid)")
+      .def("__repr__", [](const Program& p) {
+        return "<concerto.Program '" + p.name + "': " + std::to_string(p.mesh.NumRanks()) + " ranks, " +
+               std::to_string(NumOps(p)) + " ops>";
+      });
+
+  m.def("parse_program", [](const std::string& text, const std::string& source) {
+    return Take(ParseProgram(text, source));
+  }, py::arg("text"), py::arg("source") = "<string>", "a program from IR text; errors name `source`");
+  m.def("read_program", [](const std::string& path) { return Take(ReadProgramFile(path)); }, py::arg("path"),
+        "a program from an IR file");
+  m.def("lower", [](const std::string& model, const std::string& plan) { return Take(LowerModelPlan(model, plan)); },
+        py::arg("model"), py::arg("plan") = "dp=1",
+        "lower a model preset (or .yaml/.json model file) under a plan string or plan file");
+
+  m.def("models", [] { return AllModelPresetNames(); }, "the model presets");
+  m.def("clusters", [] { return ClusterPresetNames(); }, "the cluster presets");
+  m.def("schedulers", [] { return SchedulerNames(); }, "the schedulers: the baselines and concerto");
+  m.def("options", [] {
+    py::list out;
+    for (const OptionSpec& s : OptionTable()) {
+      py::dict d;
+      d["name"] = s.name;
+      d["unit"] = s.unit;
+      d["default"] = s.default_value;
+      d["min"] = s.min_value;
+      d["max"] = s.max_value;
+      d["help"] = s.help;
+      out.append(d);
+    }
+    return out;
+  }, "the option table: name, unit, default, bounds, help (the keys `options=` takes)");
+
+  m.def("simulate", [](const Program& program, const std::string& cluster, const std::string& scheduler,
+                       const py::dict& options, const std::string& profile) {
+    const JobSpec spec = Spec(program, cluster, scheduler, options, profile);
+    JobResult job = [&] { py::gil_scoped_release release; return Take(RunJob(spec)); }();
+    return ToPython(JobResultJson(spec, job));
+  }, py::arg("program"), py::arg("cluster") = "a800-4x8", py::arg("scheduler") = "fifo",
+        py::arg("options") = py::dict(), py::arg("profile") = "",
+        "schedule and simulate: the dict of `concerto simulate --json`");
+
+  m.def("schedule", [](const Program& program, const std::string& cluster, const std::string& scheduler,
+                       const py::dict& options, const std::string& profile) {
+    const JobSpec spec = Spec(program, cluster, scheduler, options, profile);
+    JobResult job = [&] { py::gil_scoped_release release; return Take(RunJob(spec)); }();
+    return py::make_tuple(job.run.scheduled.program,
+                          ToPython(nlohmann::json::parse(WriteSchedule(job.run.scheduled.schedule))));
+  }, py::arg("program"), py::arg("cluster") = "a800-4x8", py::arg("scheduler") = "concerto",
+        py::arg("options") = py::dict(), py::arg("profile") = "",
+        "schedule: (the program the schedule belongs to, which a scheduler may rewrite; the schedule as a dict)");
+
+  m.def("compare", [](const Program& program, const std::string& cluster, std::vector<std::string> schedulers,
+                      const py::dict& options, const std::string& profile) {
+    const JobSpec spec = Spec(program, cluster, "fifo", options, profile);
+    if (schedulers.empty()) schedulers = SchedulerNames();
+    CompareResult compared = [&] { py::gil_scoped_release release; return Take(CompareJob(spec, schedulers)); }();
+    return ToPython(CompareResultJson(spec, compared));
+  }, py::arg("program"), py::arg("cluster") = "a800-4x8", py::arg("schedulers") = std::vector<std::string>{},
+        py::arg("options") = py::dict(), py::arg("profile") = "",
+        "every scheduler (or those named) side by side: the dict of `concerto compare --json`");
+
+  m.def("differentiate", [](Program program, const std::vector<std::pair<std::string, double>>& losses,
+                            const std::vector<std::string>& wrt, const std::string& graph) {
+    Graph* g = nullptr;
+    for (Graph& candidate : program.graphs)
+      if (candidate.name == graph || (graph.empty() && program.graphs.size() == 1)) g = &candidate;
+    if (g == nullptr) throw Error("differentiate: name the graph (the program has " +
+                                  std::to_string(program.graphs.size()) + ")");
+    std::vector<LossTerm> terms;
+    for (const auto& [tensor, weight] : losses) terms.push_back({tensor, weight});
+    AutodiffResult r = Take(Differentiate(g, terms, wrt));
+    return py::make_tuple(program, r.grads);
+  }, py::arg("program"), py::arg("losses"), py::arg("wrt"), py::arg("graph") = "",
+        "append the backward (the op registry's rules) of the weighted losses [(tensor, weight)] with respect to "
+        "`wrt`: (the new program, {tensor: its gradient tensor})");
+}
