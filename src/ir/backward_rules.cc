@@ -38,8 +38,8 @@ Result<std::string> Dy(const Op& fwd, const BackwardBuilder& b) {
   return dy;
 }
 
-/// One grad op `(dy, extra...) -> dx` of `grad_type` for input `x` whose
-/// flops are the registry's per element of x.
+/// One grad op `(dy, extra...) -> dx` of `grad_type` for input `x`, with the
+/// forward's attributes and the registry's flops per element of x.
 Status Unary(const Op& fwd, BackwardBuilder& b, ComputeType grad_type, std::vector<std::string> extra) {
   Result<std::string> dy = Dy(fwd, b);
   if (!dy.ok()) return dy.status();
@@ -154,17 +154,8 @@ Status Mul(const Op& fwd, BackwardBuilder& b) {
   return Status::Ok();
 }
 
-Status Scale(const Op& fwd, BackwardBuilder& b) {
-  Result<std::string> dy = Dy(fwd, b);
-  if (!dy.ok()) return dy.status();
-  const std::string& x = fwd.inputs[0];
-  if (!b.NeedsGrad(x)) return Status::Ok();
-  std::string dx = Like(b, x + ".grad", x);
-  b.Emit("", ComputeType::kScale, {*dy}, {dx}, FlopsPerUnit(ComputeType::kScale) * Elems(b, x),
-         {{"scale", fwd.Attr("scale", 1)}});
-  b.AddGrad(x, dx);
-  return Status::Ok();
-}
+// Linear ops (scale, cast, transpose): the same op on dy, with the forward's attributes.
+Status Scale(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kScale, {}); }
 
 Status Gelu(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kGeluGrad, {fwd.inputs[0]}); }
 Status Silu(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kGeluGrad, {fwd.inputs[0]}); }
@@ -292,16 +283,7 @@ Status Concat(const Op& fwd, BackwardBuilder& b) {
   return Status::Ok();
 }
 
-Status Cast(const Op& fwd, BackwardBuilder& b) {
-  Result<std::string> dy = Dy(fwd, b);
-  if (!dy.ok()) return dy.status();
-  const std::string& x = fwd.inputs[0];
-  if (!b.NeedsGrad(x)) return Status::Ok();
-  std::string dx = Like(b, x + ".grad", x);
-  b.Emit("", ComputeType::kCast, {*dy}, {dx}, 0);
-  b.AddGrad(x, dx);
-  return Status::Ok();
-}
+Status Cast(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kCast, {}); }
 
 // Pairwise reshapes: each output's gradient reshaped back (a free view).
 Status Identity(const Op& fwd, BackwardBuilder& b) {
@@ -318,16 +300,7 @@ Status Identity(const Op& fwd, BackwardBuilder& b) {
   return Status::Ok();
 }
 
-Status Transpose(const Op& fwd, BackwardBuilder& b) {
-  Result<std::string> dy = Dy(fwd, b);
-  if (!dy.ok()) return dy.status();
-  const std::string& x = fwd.inputs[0];
-  if (!b.NeedsGrad(x)) return Status::Ok();
-  std::string dx = Like(b, x + ".grad", x);
-  b.Emit("", ComputeType::kTranspose, {*dy}, {dx}, 0, fwd.attrs);
-  b.AddGrad(x, dx);
-  return Status::Ok();
-}
+Status Transpose(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kTranspose, {}); }
 
 // top_k(probs) -> (gates, ids): top_k_grad(dgates, ids, probs) -> dprobs.
 Status TopK(const Op& fwd, BackwardBuilder& b) {
