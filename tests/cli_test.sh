@@ -149,5 +149,15 @@ check plan_too_big_for_cluster 1 "$BIN" compare --model gpt-tiny --plan dp=33 --
 contains plan_too_big_suggests "$TMP/err" "must multiply to at most 32"
 check plan_uses_part_of_cluster 0 "$BIN" compare --model gpt-tiny --plan dp=3 --cluster a800-4x8 --rounds 0 --json
 contains plan_uses_part_says_so "$TMP/err" "note: the program uses 3 of cluster 'a800-4x8''s 32 devices; the other 29 stay idle"
+# --nodes scales a preset; fidelity predicts one published row (docs/validation.md).
+check nodes_scale 0 "$BIN" compare --model gpt-tiny --plan dp=16 --cluster a100-dgx --nodes 2 --schedulers fifo --json
+contains nodes_scale_name "$TMP/out" '"cluster": "a100-dgx x2"'
+check nodes_too_few 1 "$BIN" compare --model gpt-tiny --plan dp=16 --cluster a100-dgx --nodes 1 --schedulers fifo
+contains nodes_too_few_message "$TMP/err" "program needs 16 ranks but cluster 'a100-dgx x1' has 8 devices"
+check fidelity_row 0 "$BIN" fidelity --table "$ROOT/examples/validation/published.yaml" --only gemm-a100-8192x8192x8192 --json
+contains fidelity_json "$TMP/out" '"median_abs_error_percent"'
+check fidelity_unknown_row 1 "$BIN" fidelity --table "$ROOT/examples/validation/published.yaml" --only no-such-row
+contains fidelity_unknown_row_message "$TMP/err" "published.yaml: no row 'no-such-row'"
+
 if [[ $fails -ne 0 ]]; then echo "$fails CLI checks failed"; exit 1; fi
 echo "all CLI checks passed"

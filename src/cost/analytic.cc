@@ -298,8 +298,58 @@ double AnalyticCostModel::GemmShapeFactor(int64_t batch, int64_t m, int64_t n, i
   return std::clamp(f, 1e-3, 1.0);
 }
 
+double AnalyticCostModel::AttentionUs(const Op& op, const PriceContext& ctx) const {
+  const DeviceSpec& d = cluster_.device;
+  const bool grad = op.compute_type == ComputeType::kAttentionGrad;
+  const double flops = Amount(op.flops);
+  const double peak = PeakTflops(d, PricingDType(op, ctx));
+  const double memory_gbps = d.memory_bandwidth_gbps * d.memory_efficiency;
+  // q: the first input of attention, the second of attention_grad ([b, s, heads * d]).
+  const size_t q_at = grad ? 1 : 0;
+  const Tensor* q = nullptr;
+  if (op.inputs.size() > q_at)
+    if (auto it = ctx.index.tensor.find(op.inputs[q_at]); it != ctx.index.tensor.end() && it->second >= 0 &&
+                                                          it->second < static_cast<int>(ctx.graph.tensors.size()))
+      q = &ctx.graph.tensors[it->second];
+  const double heads = op.Attr("heads", 1);
+  if (op.Attr("fused", 1) != 0 || !q || q->shape.size() != 3 || heads < 1) {
+    const double eff = d.attention_efficiency > 0 ? d.attention_efficiency : d.matmul_efficiency;
+    return std::max(FlopsUs(flops, peak * eff), TransferUs(Amount(op.bytes), memory_gbps)) + d.launch_overhead_us;
+  }
+  // Unfused (Megatron before FlashAttention): the forward runs scores = Q K^T
+  // (per head: s x s, depth d) and P V (s x d, depth s) as batched GEMMs around
+  // a fused scale-mask-softmax and a dropout over the materialised scores; the
+  // backward runs four GEMMs (dV, dP, dQ, dK) around the dropout and softmax
+  // gradients. Passes over the b * heads * s^2 scores, in elements (a 1-byte
+  // dropout mask is half of one): forward scores write 1, softmax 2, dropout
+  // 2.5, P V read 1 = 6.5; backward dP write 1, dropout 2.5, softmax 3, dS read
+  // twice 2, P read once 1 = 9.5.
+  const int64_t b = q->shape[0], s = q->shape[1];
+  const int64_t hd = std::max<int64_t>(1, q->shape[2] / static_cast<int64_t>(heads));
+  const int64_t batch = b * static_cast<int64_t>(heads);
+  const double scores = static_cast<double>(batch) * static_cast<double>(s) * static_cast<double>(s);
+  const double elem = DTypeBytes(q->dtype);
+  const double gemm_peak = peak * d.matmul_efficiency;
+  auto gemm_us = [&](int64_t m, int64_t n, int64_t k) {
+    const double f = 2.0 * static_cast<double>(batch) * static_cast<double>(m) * static_cast<double>(n) *
+                     static_cast<double>(k);
+    return FlopsUs(f, gemm_peak * GemmShapeFactor(batch, m, n, k)) + d.launch_overhead_us;
+  };
+  double us = 0;
+  if (!grad) {
+    us = gemm_us(s, s, hd) + gemm_us(s, hd, s) + TransferUs(6.5 * scores * elem, memory_gbps) + 2 * d.launch_overhead_us;
+  } else {
+    us = gemm_us(s, hd, s) + gemm_us(s, s, hd) + gemm_us(s, hd, s) + gemm_us(s, hd, s) +
+         TransferUs(9.5 * scores * elem, memory_gbps) + 2 * d.launch_overhead_us;
+  }
+  return us;
+}
+
 double AnalyticCostModel::ComputeUs(const Op& op, const PriceContext& ctx) const {
   const DeviceSpec& d = cluster_.device;
+  if (op.kind == OpKind::kCompute &&
+      (op.compute_type == ComputeType::kAttention || op.compute_type == ComputeType::kAttentionGrad))
+    return AttentionUs(op, ctx);
   const double flops = op.kind == OpKind::kCopy ? 0 : Amount(op.flops);
   const double bytes = Amount(op.bytes);
   if (flops == 0 && bytes == 0) return 0;  // no kernel runs (a marker, a view)
@@ -324,6 +374,13 @@ CommTime AnalyticCostModel::CollectiveTime(CollectiveType type, int64_t bytes,
   const bool one_node = g.nodes == 1;
   const LinkSpec& link = one_node ? cluster_.intra_node : cluster_.inter_node;
   if (algo == "tree" && type == CollectiveType::kAllReduce) return TreeAllReduceTime(g.ranks, s, link, one_node);
+  if (one_node && type == CollectiveType::kAllReduce && algo == "auto" && cluster_.topology.nvls_algbw_gbps > 0) {
+    // NVLS: the switch reduces; each rank sends and receives the buffer once
+    // at the NVLS algorithm bandwidth. NCCL picks it when it is faster.
+    const CommTime ring = RingTime(type, g.ranks, s, link, true);
+    const CommTime nvls = OnLink(ring.latency_us, TransferUs(s, cluster_.topology.nvls_algbw_gbps), true);
+    return nvls.TotalUs() < ring.TotalUs() ? nvls : ring;
+  }
   if (algo == "ring" || algo == "tree" || one_node || g.max_local == 1) return RingTime(type, g.ranks, s, link, one_node);
   return HierarchicalTime(type, g, s, cluster_);  // auto, hierarchical
 }

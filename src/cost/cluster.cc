@@ -40,16 +40,35 @@ ClusterSpec A800Preset() {
   c.device.memory_gb = 80;
   c.device.memory_reserve_gb = 4;  // inferred: docs/cost-model.md, "Memory budget"
   c.device.matmul_efficiency = 0.87;  // A100 SXM large bf16 GEMM
+  c.device.attention_efficiency = 0.575;  // FlashAttention-2 forward on A100-SXM4: 179.5 of 312 TFLOP/s (docs/validation.md)
   c.device.vector_efficiency = 0.125;  // CUDA-core bf16 rate / tensor-core peak (inferred)
   c.device.memory_efficiency = 0.85;   // low end of 85-90% of HBM
   c.device.launch_overhead_us = 4;     // inferred
   c.device.sm_count = 108;             // GA100 as in the A100 SXM (A800 datasheet)
-  c.intra_node = {185, 1.1};   // nccl-tests busbw 155-215 GB/s, midpoint; NCCL LL ring alpha
+  // nccl-tests busbw 155-215 GB/s, midpoint; alpha: NCCL's Simple-protocol
+  // per-hop latency on NVLink (3.4 us), which the 1 MiB points of the
+  // nccl-tests sweeps confirm (docs/validation.md)
+  c.intra_node = {185, 3.4};
   c.inter_node = {11.25, 3.8};  // 90 GB/s achieved of 100 GB/s per node, / 8 devices
   c.collective_algorithm = "auto";
   c.interference = 0.2;  // paper: 18.2%, 21.9%, 23.8% on A800
   c.topology.intra_link = "nvswitch";
   c.topology.nics_per_node = 4;  // 4 x 200 Gb/s HDR = 800 Gb/s per node
+  return c;
+}
+
+/// 4 DGX A100 80GB nodes (8 x A100-SXM4-80GB on NVSwitch, 8 x HDR 200 Gb/s
+/// compute NICs per node): the machine of Megatron-LM's published runs
+/// (Selene) and of most A100 nccl-tests figures. docs/validation.md predicts
+/// published measurements on it (scaled with --nodes).
+ClusterSpec A100DgxPreset() {
+  ClusterSpec c = A800Preset();
+  c.name = "a100-dgx";
+  c.description = "4 DGX A100 nodes: 8 x A100-SXM4-80GB, NVSwitch 600 GB/s, 8 x 200 Gb/s HDR InfiniBand per node";
+  c.device.name = "A100-SXM4-80GB";
+  c.intra_node = {216, 3.4};  // nccl-tests busbw on 8 x A100 NVSwitch: 200-232 GB/s, midpoint (REFERENCES.md); alpha as a800
+  c.inter_node = {24, 3.8};   // one HDR NIC per GPU: 25 GB/s, 24 achieved (REFERENCES.md)
+  c.topology.nics_per_node = 8;
   return c;
 }
 
@@ -68,16 +87,19 @@ ClusterSpec H100Preset() {
   c.device.memory_gb = 80;
   c.device.memory_reserve_gb = 4;  // inferred: docs/cost-model.md, "Memory budget"
   c.device.matmul_efficiency = 0.80;  // H100 SXM large bf16 GEMM
+  c.device.attention_efficiency = 0.33;  // FlashAttention-2 forward on H100 SXM: 327.9 of 989 TFLOP/s (docs/validation.md)
   c.device.vector_efficiency = 0.125;
   c.device.memory_efficiency = 0.85;
   c.device.launch_overhead_us = 4;
   c.device.sm_count = 132;  // H100 SXM5 datasheet
-  c.intra_node = {370, 1.1};  // nccl-tests busbw without NVLS
+  c.device.gemm_ramp_k = 256;  // K sweep at M = N = 8192 on the H800's SMs (tilelang): K = 256 runs at half of K = 16384
+  c.intra_node = {370, 3.4};  // nccl-tests busbw without NVLS; alpha: NCCL's Simple per-hop NVLink latency
   c.inter_node = {47, 3.2};   // one NDR NIC per GPU: 46-48 GB/s achieved
   c.collective_algorithm = "auto";
   c.interference = 0.2;  // middle of the common 15-25% range
   c.topology.intra_link = "nvswitch";
   c.topology.nics_per_node = 8;  // one NDR NIC per GPU (rail-optimised)
+  c.topology.nvls_algbw_gbps = 275;  // NVLS all-reduce on 8 x H100: busbw ~480, algbw ~275 (nccl-tests #212)
   return c;
 }
 
@@ -96,6 +118,7 @@ ClusterSpec CommodityPreset() {
   c.device.memory_gb = 80;
   c.device.memory_reserve_gb = 4;  // inferred: docs/cost-model.md, "Memory budget"
   c.device.matmul_efficiency = 0.69;  // A800 PCIe fp16 GEMM at n=8192 (same board class)
+  c.device.attention_efficiency = 0.575 * 0.69 / 0.87;  // the SXM part's FlashAttention-2 share, scaled as its GEMMs
   c.device.vector_efficiency = 0.125;
   c.device.memory_efficiency = 0.85;
   c.device.launch_overhead_us = 4;
@@ -118,6 +141,7 @@ constexpr Preset kPresets[] = {
     {"a800-4x8", A800Preset},
     {"h100-8x8", H100Preset},
     {"commodity-4x8", CommodityPreset},
+    {"a100-dgx", A100DgxPreset},
 };
 
 /// The preset called `name`, or nullptr.
@@ -268,6 +292,7 @@ class ClusterFileReader {
         {"memory_gb", NumberField(&d.memory_gb)},
         {"memory_reserve_gb", NumberField(&d.memory_reserve_gb)},
         {"matmul_efficiency", NumberField(&d.matmul_efficiency)},
+        {"attention_efficiency", NumberField(&d.attention_efficiency)},
         {"vector_efficiency", NumberField(&d.vector_efficiency)},
         {"memory_efficiency", NumberField(&d.memory_efficiency)},
         {"launch_overhead_us", NumberField(&d.launch_overhead_us)},
@@ -281,6 +306,7 @@ class ClusterFileReader {
         {"network_crosses_intra_link", BoolField(&t.network_crosses_intra_link)},
         {"share_links", BoolField(&t.share_links)},
         {"interference_growth", NumberField(&t.interference_growth)},
+        {"nvls_algbw_gbps", NumberField(&t.nvls_algbw_gbps)},
     };
     auto link_fields = [&](LinkSpec* link) {
       return std::vector<Field>{{"bandwidth_gbps", NumberField(&link->bandwidth_gbps)},
@@ -504,6 +530,8 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
     return error("device.memory_reserve_gb", "must be less than device.memory_gb (" + FormatNumber(d.memory_gb) +
                                                  "), got " + FormatNumber(d.memory_reserve_gb));
   CONCERTO_RETURN_IF_ERROR(fraction("device.matmul_efficiency", d.matmul_efficiency));
+  if (d.attention_efficiency != 0)
+    CONCERTO_RETURN_IF_ERROR(fraction("device.attention_efficiency", d.attention_efficiency));
   CONCERTO_RETURN_IF_ERROR(fraction("device.vector_efficiency", d.vector_efficiency));
   CONCERTO_RETURN_IF_ERROR(fraction("device.memory_efficiency", d.memory_efficiency));
   CONCERTO_RETURN_IF_ERROR(non_negative("device.launch_overhead_us", d.launch_overhead_us));
@@ -526,6 +554,8 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
   if (t.intra_link != "nvswitch" && t.intra_link != "pcie")
     return error("topology.intra_link", "must be one of nvswitch, pcie, got '" + t.intra_link + "'");
   if (t.nics_per_node < 0) return error("topology.nics_per_node", "must be >= 0");
+  if (!std::isfinite(t.nvls_algbw_gbps) || t.nvls_algbw_gbps < 0)
+    return error("topology.nvls_algbw_gbps", "must be >= 0 (0: no NVLink SHARP), got " + FormatNumber(t.nvls_algbw_gbps));
   if (!std::isfinite(t.interference_growth) || t.interference_growth < 0 || t.interference_growth > 10)
     return error("topology.interference_growth",
                  "must be a fraction in [0, 10], got " + FormatNumber(t.interference_growth));
@@ -547,6 +577,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
                  {"memory_gb", d.memory_gb},
                  {"memory_reserve_gb", d.memory_reserve_gb},
                  {"matmul_efficiency", d.matmul_efficiency},
+                 {"attention_efficiency", d.attention_efficiency},
                  {"vector_efficiency", d.vector_efficiency},
                  {"memory_efficiency", d.memory_efficiency},
                  {"launch_overhead_us", d.launch_overhead_us},
@@ -563,7 +594,8 @@ std::string ClusterToJson(const ClusterSpec& spec) {
                    {"nics_per_node", t.nics_per_node},
                    {"network_crosses_intra_link", t.network_crosses_intra_link},
                    {"share_links", t.share_links},
-                   {"interference_growth", t.interference_growth}};
+                   {"interference_growth", t.interference_growth},
+                   {"nvls_algbw_gbps", t.nvls_algbw_gbps}};
   return DumpJson(j, 2) + "\n";
 }
 

@@ -20,8 +20,21 @@
 
 namespace concerto {
 
-Result<std::unique_ptr<CostModel>> MakeCostModel(const std::string& cluster, const std::string& profile) {
+Result<ClusterSpec> LoadClusterNodes(const std::string& cluster, int nodes) {
   Result<ClusterSpec> spec = LoadCluster(cluster);
+  if (!spec.ok()) return spec.status();
+  if (nodes < 0 || nodes > (1 << 20))
+    return Status::Error(fmt::format("nodes: expected 1..{} (0 keeps cluster '{}''s {}), got {}", 1 << 20,
+                                     spec->name, spec->nodes, nodes));
+  if (nodes > 0 && nodes != spec->nodes) {
+    spec->nodes = nodes;
+    spec->name += fmt::format(" x{}", nodes);
+  }
+  return spec;
+}
+
+Result<std::unique_ptr<CostModel>> MakeCostModel(const std::string& cluster, const std::string& profile, int nodes) {
+  Result<ClusterSpec> spec = LoadClusterNodes(cluster, nodes);
   if (!spec.ok()) return spec.status();
   if (profile.empty()) return std::unique_ptr<CostModel>(new AnalyticCostModel(*spec));
   Result<ProfileDb> db = ProfileDb::Read(profile);
@@ -81,7 +94,7 @@ Status LoadProgramAndCost(const JobSpec& spec, const ProgressFn& progress, JobPr
   Result<JobProgram> p = LoadJobProgram(spec, progress);
   if (!p.ok()) return p.status();
   *program = std::move(p).value();
-  Result<std::unique_ptr<CostModel>> c = MakeCostModel(spec.cluster, spec.profile);
+  Result<std::unique_ptr<CostModel>> c = MakeCostModel(spec.cluster, spec.profile, spec.nodes);
   if (!c.ok()) return c.status();
   *cost = std::move(c).value();
   return CheckProgramFitsCluster(program->program, (*cost)->cluster(), progress);

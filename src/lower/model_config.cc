@@ -127,6 +127,12 @@ class ModelSpecReader {
     if (key == "family") return Family(key, node);
     if (key == "dtype") return Dtype(key, node);
     if (key == "capacity_factor") return Positive(key, node, &m_.capacity_factor);
+    if (key == "attention") {
+      const std::string v = node.IsScalar() ? node.Scalar() : std::string();
+      if (v != "flash" && v != "unfused") return FieldError(key, "must be flash or unfused, got '" + v + "'");
+      m_.fused_attention = v == "flash";
+      return Status::Ok();
+    }
     const std::map<std::string, int*> ints = {
         {"layers", &m_.layers},         {"hidden", &m_.hidden}, {"heads", &m_.heads},
         {"kv_heads", &m_.kv_heads},     {"seq", &m_.seq},       {"vocab", &m_.vocab},
@@ -135,7 +141,7 @@ class ModelSpecReader {
     auto it = ints.find(key);
     if (it != ints.end()) return Integer(key, node, it->second);
     return FieldError(key, "unknown field (known: name, family, layers, hidden, heads, kv_heads, "
-                           "ffn_hidden, seq, vocab, batch, dtype, experts, top_k, "
+                           "ffn_hidden, seq, vocab, batch, dtype, attention, experts, top_k, "
                            "capacity_factor)");
   }
 

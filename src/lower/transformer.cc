@@ -935,9 +935,11 @@ class TransformerLowering {
   }
   /// Local head counts of the attention ops, causal.
   Attrs AttentionAttrs() const {
-    return {{"heads", static_cast<double>(d_.heads_tp)},
-            {"kv_heads", static_cast<double>(d_.kv_heads_tp)},
-            {"causal", 1}};
+    Attrs attrs = {{"heads", static_cast<double>(d_.heads_tp)},
+                   {"kv_heads", static_cast<double>(d_.kv_heads_tp)},
+                   {"causal", 1}};
+    if (!m_.fused_attention) attrs["fused"] = 0;  // priced as unfused kernels (docs/cost-model.md)
+    return attrs;
   }
   /// Full (non-causal-discounted) attention flops: scores 2*B*s^2*h/tp plus
   /// probabilities x V 2*B*s^2*h/tp (grouped-query attention does not change them).

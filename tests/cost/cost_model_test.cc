@@ -111,7 +111,7 @@ Op SendOp(int id, const std::string& axis, int offset, int64_t bytes) {
 // Cluster presets and files.
 
 TEST(CostClusterTest, PresetNamesLoadAndValidate) {
-  EXPECT_EQ(ClusterPresetNames(), (std::vector<std::string>{"a800-4x8", "h100-8x8", "commodity-4x8"}));
+  EXPECT_EQ(ClusterPresetNames(), (std::vector<std::string>{"a800-4x8", "h100-8x8", "commodity-4x8", "a100-dgx"}));
   for (const std::string& name : ClusterPresetNames()) {
     Result<ClusterSpec> c = LoadCluster(name);
     ASSERT_TRUE(c.ok()) << name << ": " << c.status().message();
@@ -316,12 +316,12 @@ TEST(CostAnalyticTest, LinkLoadOfCollectives) {
   f.Reindex();
   AnalyticCostModel model(A800());
   // The hierarchical all-reduce of 256 MiB over 32 ranks (HierarchicalAllReduceOn32Gpus):
-  // latency 7.7 + 22.8 + 7.7 = 38.2 us; NVLink transfer 2 x 1269.63 = 2539.26 us,
+  // latency 23.8 + 22.8 + 23.8 = 70.4 us; NVLink transfer 2 x 1269.63 = 2539.26 us,
   // network 4473.92 us: it needs 2539.26 / 7013.18 = 0.362069 of the NVLink
   // port and 4473.92 / 7013.18 = 0.637931 of the NIC share.
   Op ar = CollectiveOp(0, CollectiveType::kAllReduce, {"dp", "tp"}, k256MiB);
   PricedOp p = model.Price(ar, f.Ctx());
-  EXPECT_NEAR(p.load.latency_us, 38.2, 1e-9);
+  EXPECT_NEAR(p.load.latency_us, 70.4, 1e-9);
   EXPECT_NEAR(p.load.intra, 0.362069, 1e-6);
   EXPECT_NEAR(p.load.inter, 0.637931, 1e-6);
   // A tp all-reduce (one node) loads only NVLink; a dp one (one rank per node) only the NICs.
@@ -409,7 +409,7 @@ TEST(CostAnalyticTest, CopyMarkerAndExplicit) {
 }
 
 // ---------------------------------------------------------------------------
-// Analytic collectives on a800-4x8 (intra: 185 GB/s, a = 1.1 us; inter: 11.25 GB/s, a = 3.8 us).
+// Analytic collectives on a800-4x8 (intra: 185 GB/s, a = 3.4 us; inter: 11.25 GB/s, a = 3.8 us).
 
 TEST(CostAnalyticTest, RingAllReduceOn8NvlinkGpus) {
   Fixture f;
@@ -417,11 +417,11 @@ TEST(CostAnalyticTest, RingAllReduceOn8NvlinkGpus) {
   AnalyticCostModel model(A800());
   Op op = CollectiveOp(0, CollectiveType::kAllReduce, {"tp"}, k256MiB);
   // tp group of rank 0 = ranks 0..7, all on node 0: ring over NVLink.
-  // 2(n-1)a = 14 * 1.1 = 15.4 us; 2(n-1)/n * S/B = 1.75 * 268,435,456 / 185e9 = 2539.25 us
-  // total 2554.65 us
-  EXPECT_NEAR(model.Price(op, f.Ctx()).duration_us, 2554.65, 0.01);
+  // 2(n-1)a = 14 * 3.4 = 47.6 us; 2(n-1)/n * S/B = 1.75 * 268,435,456 / 185e9 = 2539.25 us
+  // total 2586.85 us
+  EXPECT_NEAR(model.Price(op, f.Ctx()).duration_us, 2586.85, 0.01);
   // Same on rank 13 (node 1): its tp group is ranks 8..15.
-  EXPECT_NEAR(model.Price(op, f.Ctx(13)).duration_us, 2554.65, 0.01);
+  EXPECT_NEAR(model.Price(op, f.Ctx(13)).duration_us, 2586.85, 0.01);
 }
 
 TEST(CostAnalyticTest, HierarchicalAllReduceOn32Gpus) {
@@ -429,15 +429,15 @@ TEST(CostAnalyticTest, HierarchicalAllReduceOn32Gpus) {
   f.Reindex();
   Op op = CollectiveOp(0, CollectiveType::kAllReduce, {"dp", "tp"}, k256MiB);
   // 32 ranks over 4 nodes, 8 per node: hierarchical (auto).
-  // intra reduce-scatter: 7 * 1.1 + 7/8 * S / 185e9                 = 7.7 + 1269.63 = 1277.33
+  // intra reduce-scatter: 7 * 3.4 + 7/8 * S / 185e9                 = 23.8 + 1269.63 = 1293.43
   // inter all-reduce of S/8 = 33,554,432: 2*3*3.8 + 2*3/4 * S/8 / 11.25e9 = 22.8 + 4473.92 = 4496.72
-  // intra all-gather of S/8: 7 * 1.1 + 7 * S/8 / 185e9               = 7.7 + 1269.63 = 1277.33
-  // total 7051.38 us
+  // intra all-gather of S/8: 7 * 3.4 + 7 * S/8 / 185e9               = 23.8 + 1269.63 = 1293.43
+  // total 7083.58 us
   AnalyticCostModel model(A800());
-  EXPECT_NEAR(model.Price(op, f.Ctx()).duration_us, 7051.38, 0.01);
+  EXPECT_NEAR(model.Price(op, f.Ctx()).duration_us, 7083.58, 0.01);
   ClusterSpec hier = A800();
   hier.collective_algorithm = "hierarchical";
-  EXPECT_NEAR(AnalyticCostModel(hier).Price(op, f.Ctx()).duration_us, 7051.38, 0.01);
+  EXPECT_NEAR(AnalyticCostModel(hier).Price(op, f.Ctx()).duration_us, 7083.58, 0.01);
 
   // Flat ring over the inter-node link: 2*31*3.8 + 2*31/32 * S / 11.25e9 = 235.6 + 46230.55
   ClusterSpec ring = A800();
@@ -464,30 +464,30 @@ TEST(CostAnalyticTest, OtherCollectives) {
   f.Reindex();
   AnalyticCostModel model(A800());
   // all-gather over tp, 16 MiB input per rank (output 128 MiB):
-  // 7 * 1.1 + 7 * 16,777,216 / 185e9 = 7.7 + 634.81 = 642.51 us
+  // 7 * 3.4 + 7 * 16,777,216 / 185e9 = 23.8 + 634.81 = 658.61 us
   EXPECT_NEAR(model.Price(CollectiveOp(0, CollectiveType::kAllGather, {"tp"}, 16 * kMiB), f.Ctx())
                   .duration_us,
-              642.51, 0.01);
+              658.61, 0.01);
   // hierarchical all-gather over 32 ranks, 16 MiB input:
   // inter all-gather over 4 nodes: 3 * 3.8 + 3 * 16 MiB / 11.25e9 = 11.4 + 4473.92
-  // intra all-gather of 4 * 16 MiB: 7 * 1.1 + 7 * 64 MiB / 185e9  = 7.7 + 2539.25
-  // total 7032.28 us
+  // intra all-gather of 4 * 16 MiB: 7 * 3.4 + 7 * 64 MiB / 185e9  = 23.8 + 2539.25
+  // total 7048.38 us
   EXPECT_NEAR(
       model.Price(CollectiveOp(1, CollectiveType::kAllGather, {"dp", "tp"}, 16 * kMiB), f.Ctx())
           .duration_us,
-      7032.28, 0.01);
-  // reduce-scatter and all-to-all over tp, 256 MiB input: 7.7 + 7/8 * S / 185e9 = 1277.33 us
+      7048.38, 0.01);
+  // reduce-scatter and all-to-all over tp, 256 MiB input: 23.8 + 7/8 * S / 185e9 = 1293.43 us
   EXPECT_NEAR(
       model.Price(CollectiveOp(2, CollectiveType::kReduceScatter, {"tp"}, k256MiB), f.Ctx()).duration_us,
-      1277.33, 0.01);
+      1293.43, 0.01);
   EXPECT_NEAR(
       model.Price(CollectiveOp(3, CollectiveType::kAllToAll, {"tp"}, k256MiB), f.Ctx()).duration_us,
-      1277.33, 0.01);
-  // broadcast over tp: 7 * 1.1 + S / 185e9 = 7.7 + 1451.00 = 1458.70 us
+      1293.43, 0.01);
+  // broadcast over tp: 7 * 3.4 + S / 185e9 = 23.8 + 1451.00 = 1474.80 us
   EXPECT_NEAR(
       model.Price(CollectiveOp(4, CollectiveType::kBroadcast, {"tp"}, k256MiB), f.Ctx()).duration_us,
-      1458.70, 0.01);
-  // all-to-all over 32 ranks: intra part 7 * 1.1 + 7/32 * S / 185e9 = 325.1;
+      1474.80, 0.01);
+  // all-to-all over 32 ranks: intra part 7 * 3.4 + 7/32 * S / 185e9 = 341.2;
   // inter part (24 remote peers) 24 * 3.8 + 24/32 * S / 11.25e9 = 91.2 + 17895.70 = 17986.90;
   // the two run at once: max = 17986.90 us
   EXPECT_NEAR(
@@ -498,22 +498,22 @@ TEST(CostAnalyticTest, OtherCollectives) {
   Op single = CollectiveOp(6, CollectiveType::kAllReduce, {}, k256MiB);
   single.group.ranks = {5};
   EXPECT_EQ(model.Price(single, f.Ctx(5)).duration_us, 4);
-  // Direct CollectiveUs with explicit ranks {0, 1}: 2*1*1.1 + 2*1/2 * 185e6 / 185e9 = 2.2 + 1000.
-  EXPECT_NEAR(model.CollectiveUs(CollectiveType::kAllReduce, 185000000, {0, 1}), 1002.2, 1e-9);
+  // Direct CollectiveUs with explicit ranks {0, 1}: 2*1*3.4 + 2*1/2 * 185e6 / 185e9 = 6.8 + 1000.
+  EXPECT_NEAR(model.CollectiveUs(CollectiveType::kAllReduce, 185000000, {0, 1}), 1006.8, 1e-9);
 }
 
 TEST(CostAnalyticTest, SendRecvIntraAndInterNode) {
   Fixture f;
   f.Reindex();
   AnalyticCostModel model(A800());
-  // rank 0 -> tp+1 = rank 1 (same node): 1.1 + 33,554,432 / 185e9 = 1.1 + 181.38 = 182.48 us
-  EXPECT_NEAR(model.Price(SendOp(0, "tp", 1, 32 * kMiB), f.Ctx()).duration_us, 182.48, 0.01);
+  // rank 0 -> tp+1 = rank 1 (same node): 3.4 + 33,554,432 / 185e9 = 3.4 + 181.38 = 184.78 us
+  EXPECT_NEAR(model.Price(SendOp(0, "tp", 1, 32 * kMiB), f.Ctx()).duration_us, 184.78, 0.01);
   // rank 0 -> dp+1 = rank 8 (node 1): 3.8 + 33,554,432 / 11.25e9 = 3.8 + 2982.62 = 2986.42 us
   EXPECT_NEAR(model.Price(SendOp(1, "dp", 1, 32 * kMiB), f.Ctx()).duration_us, 2986.42, 0.01);
   Op recv = SendOp(2, "dp", -1, 32 * kMiB);
   recv.kind = OpKind::kRecv;
   EXPECT_NEAR(model.Price(recv, f.Ctx(8)).duration_us, 2986.42, 0.01);  // rank 8 <- rank 0
-  EXPECT_NEAR(model.SendRecvUs(32 * kMiB, 3, 4), 182.48, 0.01);
+  EXPECT_NEAR(model.SendRecvUs(32 * kMiB, 3, 4), 184.78, 0.01);
 }
 
 // ---------------------------------------------------------------------------
@@ -688,6 +688,107 @@ TEST(CostAnalyticTest, PresetsGiveFiniteNonNegativeDurations) {
         EXPECT_TRUE(std::isfinite(us) && us >= 0) << name << " " << OpLabel(op);
       }
   }
+}
+
+// ---------------------------------------------------------------------------
+// Attention and NVLS (docs/cost-model.md, "Attention" and "NVLS").
+
+/// An attention op over q = k = v [2, 2048, 4096] bf16 with 32 heads (d 128):
+/// flops 4 b s^2 h = 4 x 2 x 2048^2 x 4096 = 137,438,953,472.
+Op AttentionOp(bool grad, double fused) {
+  Op op;
+  op.id = 0;
+  op.name = grad ? "attn.grad" : "attn";
+  op.kind = OpKind::kCompute;
+  op.compute_type = grad ? ComputeType::kAttentionGrad : ComputeType::kAttention;
+  op.inputs = grad ? std::vector<std::string>{"do", "q", "k", "v", "o"} : std::vector<std::string>{"q", "k", "v"};
+  op.outputs = grad ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
+  op.flops = (grad ? 2 : 1) * 4.0 * 2 * 2048.0 * 2048.0 * 4096;
+  op.bytes = 4 * 2 * 2048.0 * 4096 * 2;
+  op.attrs = {{"heads", 32}, {"causal", 1}};
+  if (fused >= 0) op.attrs["fused"] = fused;
+  return op;
+}
+
+TEST(CostAnalyticTest, FusedAttentionRunsAtAttentionEfficiency) {
+  Fixture f;
+  for (const char* t : {"q", "k", "v", "o", "do", "dq", "dk", "dv"}) f.AddTensor(t, {2, 2048, 4096});
+  f.Reindex();
+  // a800-4x8: 312 TFLOP/s x attention_efficiency 0.575 = 179.4 TFLOP/s:
+  // 137.439e9 / 179.4e12 = 766.10 us, + 4 us launch = 770.10 us (the bytes,
+  // 134 MB at 1733 GB/s = 77 us, are not the bound).
+  AnalyticCostModel model(A800());
+  EXPECT_NEAR(model.Price(AttentionOp(false, -1), f.Ctx()).duration_us, 137438953472.0 / (312 * 0.575 * 1e6) + 4,
+              1e-6);
+  EXPECT_NEAR(model.Price(AttentionOp(false, 1), f.Ctx()).duration_us, 137438953472.0 / (312 * 0.575 * 1e6) + 4,
+              1e-6);
+  // The backward: twice the flops at the same fraction.
+  EXPECT_NEAR(model.Price(AttentionOp(true, -1), f.Ctx()).duration_us, 2 * 137438953472.0 / (312 * 0.575 * 1e6) + 4,
+              1e-6);
+  // attention_efficiency 0 takes matmul_efficiency (0.87): 137.439e9 / 271.44e12 = 506.33 us + 4.
+  ClusterSpec old = A800();
+  old.device.attention_efficiency = 0;
+  EXPECT_NEAR(AnalyticCostModel(old).Price(AttentionOp(false, -1), f.Ctx()).duration_us,
+              137438953472.0 / (312 * 0.87 * 1e6) + 4, 1e-6);
+}
+
+TEST(CostAnalyticTest, UnfusedAttentionIsItsGemmsAndScorePasses) {
+  Fixture f;
+  for (const char* t : {"q", "k", "v", "o", "do", "dq", "dk", "dv"}) f.AddTensor(t, {2, 2048, 4096});
+  f.Reindex();
+  AnalyticCostModel model(A800());
+  // b x heads = 64 batched GEMMs per kernel. Scores: 64 x 2048^2 = 268,435,456
+  // elements of 2 bytes; at 2039 x 0.85 = 1733.15 GB/s one pass takes 309.76 us.
+  // Forward: Q K^T (m 2048, n 2048, k 128) and P V (m 2048, n 128, k 2048), each
+  // 2 x 64 x 2048^2 x 128 = 68.72e9 flops at 271.44 TFLOP/s x its shape factor,
+  // + 4 us launch; 6.5 passes; 2 more launches.
+  const double gemm_flops = 2.0 * 64 * 2048 * 2048 * 128;
+  const double gemm_us = gemm_flops / (312 * 0.87 * 1e6);
+  const double qk = gemm_us / model.GemmShapeFactor(64, 2048, 2048, 128) + 4;
+  const double pv = gemm_us / model.GemmShapeFactor(64, 2048, 128, 2048) + 4;
+  const double pass_us = 64.0 * 2048 * 2048 * 2 / 1733.15e3;
+  EXPECT_NEAR(pass_us, 309.76, 0.01);
+  EXPECT_NEAR(model.Price(AttentionOp(false, 0), f.Ctx()).duration_us, qk + pv + 6.5 * pass_us + 8, 1e-6);
+  // Backward: dV and dQ and dK (depth s) and dP (depth d); 9.5 passes.
+  EXPECT_NEAR(model.Price(AttentionOp(true, 0), f.Ctx()).duration_us, 3 * pv + qk + 9.5 * pass_us + 8, 1e-6);
+  // The unfused forward costs more than the fused one: depth-128 GEMMs and
+  // 2 GB of score traffic against one kernel at 57.5% of peak.
+  EXPECT_GT(model.Price(AttentionOp(false, 0), f.Ctx()).duration_us,
+            2 * model.Price(AttentionOp(false, 1), f.Ctx()).duration_us);
+}
+
+TEST(CostAnalyticTest, NvlsAllReduceInsideAnH100Node) {
+  Result<ClusterSpec> h100 = LoadCluster("h100-8x8");
+  ASSERT_TRUE(h100.ok());
+  AnalyticCostModel model(*h100);
+  const int64_t s = int64_t{1} << 30;
+  // 8 ranks: ring 14 x 3.4 + 1.75 x 2^30 / 370e9 = 47.6 + 5078.51 = 5126.11 us;
+  // NVLS 47.6 + 2^30 / 275e9 = 47.6 + 3904.52 = 3952.12 us: NVLS.
+  EXPECT_NEAR(model.CollectiveUs(CollectiveType::kAllReduce, s, {0, 1, 2, 3, 4, 5, 6, 7}), 3952.12, 0.01);
+  // 2 ranks: ring 2 x 3.4 + 2^30 / 370e9 = 6.8 + 2902.00 = 2908.80 us; NVLS 3911.32: the ring.
+  EXPECT_NEAR(model.CollectiveUs(CollectiveType::kAllReduce, s, {0, 1}), 2908.80, 0.01);
+  // All-gather is not NVLS: ring 7 x 3.4 + 7 x 2^30 / 8 / 370e9 = 23.8 + 2539.25 = 2563.05 us.
+  EXPECT_NEAR(model.CollectiveUs(CollectiveType::kAllGather, s / 8, {0, 1, 2, 3, 4, 5, 6, 7}), 2563.05, 0.01);
+  // Off (0, A100-class presets): the ring.
+  ClusterSpec off = *h100;
+  off.topology.nvls_algbw_gbps = 0;
+  EXPECT_NEAR(AnalyticCostModel(off).CollectiveUs(CollectiveType::kAllReduce, s, {0, 1, 2, 3, 4, 5, 6, 7}), 5126.11,
+              0.01);
+  // A group across nodes keeps the hierarchical algorithm.
+  EXPECT_GT(model.CollectiveUs(CollectiveType::kAllReduce, s, {0, 8}), 3952.12);
+}
+
+TEST(CostClusterTest, AttentionEfficiencyAndNvlsAreValidated) {
+  ClusterSpec c = A800();
+  c.device.attention_efficiency = 1.5;
+  Status s = ValidateCluster(c, "c.yaml");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("device.attention_efficiency"), std::string::npos) << s.message();
+  c = A800();
+  c.topology.nvls_algbw_gbps = -1;
+  s = ValidateCluster(c, "c.yaml");
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("topology.nvls_algbw_gbps"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -177,6 +177,37 @@ TEST(Models, SpecDefaultsAndJson) {
   EXPECT_TRUE(LowerTransformer(*l, Plan("dp=2,tp=2,sp,zero=3")).ok());
 }
 
+// `attention: unfused` marks every attention op (forward, backward, a
+// selective recomputation) fused = 0 for the cost model; the default (flash)
+// writes no attribute, so existing programs are unchanged.
+TEST(Models, UnfusedAttentionMarksTheAttentionOps) {
+  const std::string base = "family: gpt\nlayers: 2\nhidden: 64\nheads: 4\nseq: 16\nvocab: 128\n";
+  Result<ModelConfig> flash = ParseModelSpec(base, "f.yaml", "f");
+  Result<ModelConfig> unfused = ParseModelSpec(base + "attention: unfused\n", "u.yaml", "u");
+  ASSERT_TRUE(flash.ok() && unfused.ok());
+  EXPECT_TRUE(flash->fused_attention);
+  EXPECT_FALSE(unfused->fused_attention);
+  auto attention_ops = [](const ModelConfig& m, double* fused_attr) {
+    Result<Program> p = LowerTransformer(m, Plan("dp=1,tp=2,recompute=selective"));
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    int n = 0;
+    for (const Op& op : p->graphs[0].ops)
+      if (op.compute_type == ComputeType::kAttention || op.compute_type == ComputeType::kAttentionGrad) {
+        ++n;
+        *fused_attr = op.Attr("fused", -1);
+      }
+    return n;
+  };
+  double attr = 0;
+  EXPECT_EQ(attention_ops(*flash, &attr), 6);  // 2 layers: forward, recomputed forward, backward
+  EXPECT_EQ(attr, -1);
+  EXPECT_EQ(attention_ops(*unfused, &attr), 6);
+  EXPECT_EQ(attr, 0);
+  Result<ModelConfig> bad = ParseModelSpec(base + "attention: sparse\n", "b.yaml", "b");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_HAS(bad.status().message(), "b.yaml: field 'attention': must be flash or unfused, got 'sparse'");
+}
+
 TEST(Models, SpecErrorsNameFileAndField) {
   auto error = [](const std::string& text) {
     Result<ModelConfig> m = ParseModelSpec(text, "m.yaml", "m");

@@ -2,6 +2,7 @@
 // Status; this file alone turns them into exit codes (0 ok, 1 bad input, 2
 // bad arguments).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -16,6 +17,7 @@
 #include "concerto/util/json_text.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/driver/driver.h"
+#include "concerto/driver/fidelity.h"
 #include "concerto/driver/job.h"
 #include "concerto/driver/options.h"
 #include "concerto/ir/json_io.h"
@@ -52,6 +54,9 @@ void AddCommonFlags(CLI::App* cmd, CommonFlags& flags) {
                   "cluster preset (" + fmt::format("{}", fmt::join(ClusterPresetNames(), ", ")) +
                       ") or a .yaml/.json cluster file")
       ->capture_default_str();
+  cmd->add_option("--nodes", flags.job.nodes,
+                  "scale the cluster to this many nodes (its devices, links and node layout kept; 0: as given)")
+      ->check(CLI::Range(0, 1 << 20));
   cmd->add_option("--profile", flags.job.profile, "profile database (JSON) of measured op durations");
   cmd->add_flag("--json", flags.json, "print one JSON object instead of tables");
   cmd->add_option("--solver", flags.job.options.concerto.solver, "concerto: window solver backend (gecode, cbc)")
@@ -67,6 +72,46 @@ int Fail(const Status& status) {
 }
 
 void Progress(const std::string& line) { std::fprintf(stderr, "concerto: %s\n", line.c_str()); }
+
+// ---- fidelity ----
+struct FidelityFlags {
+  std::string table = "examples/validation/published.yaml";
+  std::vector<std::string> only;
+  bool json = false;
+  bool markdown = false;
+};
+
+int CmdFidelity(const FidelityFlags& ff) {
+  Result<std::vector<PublishedRow>> rows = LoadPublishedTable(ff.table);
+  if (!rows.ok()) return Fail(rows.status());
+  if (!ff.only.empty()) {
+    std::vector<PublishedRow> kept;
+    for (const std::string& id : ff.only) {
+      auto it = std::find_if(rows->begin(), rows->end(), [&](const PublishedRow& r) { return r.id == id; });
+      if (it == rows->end()) return Fail(Status::Error(ff.table + ": no row '" + id + "'"));
+      kept.push_back(*it);
+    }
+    *rows = std::move(kept);
+  }
+  Result<FidelityReport> report = PredictPublishedTable(*rows, Progress);
+  if (!report.ok()) return Fail(report.status());
+  if (ff.json) {
+    std::cout << DumpJson(FidelityReportJson(*report), 2) << "\n";
+  } else if (ff.markdown) {
+    std::cout << FidelityMarkdown(*report);
+  } else {
+    std::cout << fmt::format("{:<34} {:<14} {:>11} {:>11} {:>8}  {}\n", "row", "metric", "published", "predicted",
+                             "error", "source");
+    for (const FidelityRow& r : report->rows)
+      std::cout << fmt::format("{:<34} {:<14} {:>11.4g} {:>11.4g} {:>+7.1f}%  {}{}\n", r.row.id, r.row.metric,
+                               r.row.published, r.predicted, 100 * r.error, r.row.origin,
+                               r.fits_memory ? "" : " (over memory: a miss)");
+    std::cout << fmt::format("{} rows from {} sources: median |error| {:.1f}%, max {:.1f}% ({}); {} over memory\n",
+                             report->rows.size(), report->sources, 100 * report->median_abs_error,
+                             100 * report->max_abs_error, report->max_error_row, report->over_memory);
+  }
+  return 0;
+}
 
 // ---- validate ----
 int CmdValidate(const std::string& path, bool json) {
@@ -758,6 +803,15 @@ int RealMain(int argc, char** argv) {
   // command line makes the same schedule in both (driver/job.h).
   AddCommonFlags(run, flags);
 
+  FidelityFlags ff;
+  auto* fidelity = app.add_subcommand(
+      "fidelity", "predict published measurements (nccl-tests, GEMMs, training runs) and report the error");
+  fidelity->add_option("--table", ff.table, "table of published figures (YAML; docs/validation.md)")
+      ->capture_default_str();
+  fidelity->add_option("--only", ff.only, "predict only these rows (ids)");
+  auto* fidelity_json = fidelity->add_flag("--json", ff.json, "print one JSON object");
+  fidelity->add_flag("--markdown", ff.markdown, "print the table of docs/validation.md")->excludes(fidelity_json);
+
   ProfileFlags pf;
   auto* profile = app.add_subcommand("profile", "measure this machine's kernels and collectives; write a profile database and a cpu-local cluster");
   profile->add_option("--program", pf.program, "profile the ops of this program (default: a built-in set of shapes)");
@@ -839,6 +893,7 @@ int RealMain(int argc, char** argv) {
     return CmdRun(rf, flags);
   }
   if (*profile) return CmdProfile(pf);
+  if (*fidelity) return CmdFidelity(ff);
   if (*schedulers) {
     for (const auto& name : SchedulerNames()) std::cout << name << "\n";
     return 0;

@@ -21,6 +21,10 @@ struct DeviceSpec {
   /// framework's allocator slack (docs/cost-model.md, "Memory budget").
   double memory_reserve_gb = 0;
   double matmul_efficiency = 0.8;   // achieved fraction of peak on large GEMMs
+  /// Achieved fraction of peak of a fused (FlashAttention-style) attention
+  /// kernel, forward and backward; 0 takes matmul_efficiency (docs/cost-model.md,
+  /// "Attention").
+  double attention_efficiency = 0;
   double vector_efficiency = 0.5;   // achieved fraction of peak on non-matmul flops
   double memory_efficiency = 0.85;  // achieved fraction of memory bandwidth
   double launch_overhead_us = 5;    // per kernel
@@ -64,6 +68,11 @@ struct TopologySpec {
   /// `interference` to the compute slowdown (NCCL kernels of several
   /// communicators take SMs each): slowdown f * (1 + growth * (n - 1)).
   double interference_growth = 1.0;
+  /// Algorithm bandwidth (bytes / time) of an all-reduce inside one node over
+  /// NVLink SHARP (NVSwitch in-network reduction, NCCL's NVLS); 0: none (A100
+  /// and older). An all-reduce within a node takes the faster of the ring and
+  /// NVLS (docs/cost-model.md, "NVLS").
+  double nvls_algbw_gbps = 0;
 
   bool operator==(const TopologySpec&) const = default;
 };

@@ -107,6 +107,10 @@ class AnalyticCostModel : public CostModel {
   LinkLoad LoadOf(const CommTime& t, double duration_us) const;
   /// The analytic time parts of a communication op on ctx.rank.
   CommTime CommTimeOf(const Op& op, const PriceContext& ctx) const;
+  /// An attention or attention_grad op (docs/cost-model.md, "Attention"):
+  /// fused at attention_efficiency; unfused (attribute fused = 0) as its
+  /// batched GEMMs (shape-aware) plus the memory passes over the scores.
+  double AttentionUs(const Op& op, const PriceContext& ctx) const;
 
  private:
   ClusterSpec cluster_;

@@ -50,14 +50,22 @@ struct JobSpec {
   /// The cost model: a cluster preset or file, plus an optional profile database.
   std::string cluster = "a800-4x8";
   std::string profile;
+  /// > 0: the cluster scaled to this many nodes (same nodes, links and
+  /// devices; `--nodes`). 0: the cluster's own node count.
+  int nodes = 0;
   /// The option table's values (concerto's search, the baselines' buckets,
   /// the simulation, the memory budget).
   Options options;
 };
 
-/// The cost model of `cluster` (preset or file) and optional `profile`: an
-/// AnalyticCostModel, or a ProfiledCostModel over the database.
-Result<std::unique_ptr<CostModel>> MakeCostModel(const std::string& cluster, const std::string& profile);
+/// The cost model of `cluster` (preset or file; scaled to `nodes` nodes when
+/// > 0) and optional `profile`: an AnalyticCostModel, or a ProfiledCostModel
+/// over the database.
+Result<std::unique_ptr<CostModel>> MakeCostModel(const std::string& cluster, const std::string& profile,
+                                                 int nodes = 0);
+/// A cluster preset or file scaled to `nodes` nodes (0: as it is); the name
+/// gets "xN" ("a100-dgx x16") when scaled. Errors name the cluster.
+Result<ClusterSpec> LoadClusterNodes(const std::string& cluster, int nodes);
 
 /// A job's program and how to name it in reports ("FILE", "MODEL (PLAN)").
 struct JobProgram {

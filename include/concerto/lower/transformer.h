@@ -43,6 +43,11 @@ struct ModelConfig {
   int batch = 0;       // B: sequences per data-parallel rank per micro-batch
                        // (a step runs plan.microbatches of them)
   DType dtype = DType::kBF16;
+  /// The attention kernels: fused (FlashAttention: the s x s scores never
+  /// reach memory) or unfused (two batched GEMMs around a softmax and dropout
+  /// over the materialised scores, as Megatron-LM before FlashAttention).
+  /// Model files: `attention: flash | unfused` (default flash).
+  bool fused_attention = true;
   // Mixture of experts (llama family only; docs/frontends.md "MoE / ep"):
   // every block's MLP is replaced by `experts` SwiGLU experts of width
   // ffn_hidden behind a top-`top_k` router. 0 experts: a dense model.
