@@ -834,4 +834,62 @@ ProfileDb MakeProfileDb(const std::string& device, const std::vector<KernelSampl
   return db;
 }
 
+Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_text, const std::string& source,
+                                                    const Program& program, const ClusterSpec& cluster) {
+  nlohmann::json trace;
+  try {
+    trace = nlohmann::json::parse(trace_text);
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(source + ": not JSON: " + e.what());
+  }
+  const nlohmann::json* events = &trace;
+  if (trace.is_object() && trace.contains("traceEvents")) events = &trace["traceEvents"];
+  if (!events->is_array()) return Status::Error(source + ": expected a Chrome trace (an array of events)");
+  std::vector<GraphIndex> indexes;
+  for (const Graph& g : program.graphs) indexes.push_back(GraphIndex::Build(g));
+  std::map<std::string, std::vector<double>> by_signature;
+  const int ranks = program.mesh.NumRanks();
+  size_t at = 0;
+  for (const nlohmann::json& e : *events) {
+    const std::string where = source + ": event " + std::to_string(at++);
+    if (!e.is_object() || e.value("ph", "") != "X") continue;
+    if (!e.contains("pid") || !e["pid"].is_number_integer() || !e.contains("dur") || !e["dur"].is_number() ||
+        !e.contains("args") || !e["args"].is_object() || !e["args"].contains("id") ||
+        !e["args"]["id"].is_number_integer())
+      return Status::Error(where + ": an op event needs pid (the rank), dur and args.id");
+    const int rank = e["pid"].get<int>();
+    if (rank < 0 || rank >= ranks)
+      return Status::Error(where + ": rank " + std::to_string(rank) + " is not in the program's " +
+                           std::to_string(ranks) + " ranks (give the program the run executed: --write-program)");
+    const int role = program.RoleOfRank(rank);
+    if (role < 0) return Status::Error(where + ": rank " + std::to_string(rank) + " runs no role of the program");
+    const int graph = program.GraphIndex(program.roles[role].graph);
+    if (graph < 0) return Status::Error(where + ": the program's role has no graph");
+    const Graph& g = program.graphs[graph];
+    const GraphIndex& index = indexes[graph];
+    const int id = e["args"]["id"].get<int>();
+    auto op_at = index.op.find(id);
+    if (op_at == index.op.end())
+      return Status::Error(where + ": op id " + std::to_string(id) + " is not in graph '" + g.name + "'");
+    const Op& op = g.ops[op_at->second];
+    if (e.value("name", "") != op.name)
+      return Status::Error(where + ": names '" + e.value("name", "") + "' but op " + std::to_string(id) + " of '" +
+                           g.name + "' is '" + op.name + "' (a trace of another program?)");
+    if (op.kind != OpKind::kCompute) continue;
+    const double dur = e["dur"].get<double>();
+    if (!std::isfinite(dur) || dur < 0) return Status::Error(where + ": dur must be finite and >= 0");
+    const PriceContext ctx{g, index, program.mesh, rank};
+    by_signature[ProfileDb::Signature(op, ctx, cluster)].push_back(dur);
+  }
+  std::vector<TraceSample> out;
+  for (auto& [signature, durations] : by_signature) {
+    std::sort(durations.begin(), durations.end());
+    const size_t n = durations.size();
+    const double median = n % 2 ? durations[n / 2] : (durations[n / 2 - 1] + durations[n / 2]) / 2;
+    out.push_back({signature, median, static_cast<int>(n)});
+  }
+  if (out.empty()) return Status::Error(source + ": no compute op events (is it a trace of `concerto run --trace`?)");
+  return out;
+}
+
 }  // namespace concerto

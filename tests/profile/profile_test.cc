@@ -5,10 +5,14 @@
 
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "concerto/cost/cluster.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/lower/frontend.h"
 #include "concerto/profile/profile.h"
+#include "concerto/driver/job.h"
+#include "concerto/report/report.h"
 
 namespace concerto {
 namespace {
@@ -231,6 +235,60 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
     out << R"({"format": "concerto-interference", "interference": 0.1, "kernels": [{"alone_us": -1}]})";
   }
   EXPECT_NE(ReadInterference(path).status().message().find("kernel 0: field 'alone_us'"), std::string::npos);
+}
+
+// The closed loop's reader: a trace of a (here simulated) run gives back each
+// compute signature's duration; a profile database of them prices the same
+// program as the run measured it. On a simulated trace that is the cost
+// model's own durations, so re-simulating on the database reproduces the run.
+TEST(FromTrace, ComputeDurationsOfARunTraceBecomeProfileEntries) {
+  JobSpec spec;
+  spec.model = "gpt-tiny";
+  spec.plan = "dp=2";
+  spec.scheduler = "fifo";
+  spec.cluster = "commodity-4x8";
+  // No interference: a span in the timeline is then the op's own duration (a
+  // real run's spans include what slowed them; docs/runtime.md, "Closing the loop").
+  spec.options.concerto.sim.interference = 0;
+  Result<JobResult> job = RunJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  const ScheduledProgram& sp = job->run.scheduled;
+  const std::string trace = ChromeTrace(sp, job->run.timeline);
+  Result<std::vector<TraceSample>> samples = DurationsFromTrace(trace, "t.json", sp.program, job->cost->cluster());
+  ASSERT_TRUE(samples.ok()) << samples.status().message();
+  int ops = 0;
+  ProfileDb db;
+  for (const TraceSample& t : *samples) {
+    ops += t.count;
+    EXPECT_EQ(t.signature.find("all_reduce"), std::string::npos) << "communication is left out: " << t.signature;
+    db.Add(job->cost->cluster().device.name, t.signature, t.median_us);
+  }
+  int compute_ops = 0;
+  for (const Graph& g : sp.program.graphs)
+    for (const Op& op : g.ops) compute_ops += op.kind == OpKind::kCompute;
+  // One rank per role is simulated (dp ranks are alike), so each op once.
+  EXPECT_EQ(ops, compute_ops * static_cast<int>(job->run.timeline.ranks.size()));
+  // Re-simulated on the database (every compute op now priced by the profile), the step is the same.
+  const ProfiledCostModel profiled(db, job->cost->cluster());
+  EXPECT_EQ(SummarizeCosts(sp.program, profiled).analytic_ops,
+            static_cast<int>(sp.program.graphs[0].ops.size()) - compute_ops);
+  Result<RunResult> again = RunGivenSchedule(sp.program, sp.schedule, profiled, spec.options);
+  ASSERT_TRUE(again.ok()) << again.status().message();
+  EXPECT_NEAR(again->summary.makespan_us, job->run.summary.makespan_us, 1e-6 * job->run.summary.makespan_us);
+
+  // A trace of another program is named as such.
+  nlohmann::json other = nlohmann::json::parse(trace);
+  nlohmann::json& events = other.is_array() ? other : other["traceEvents"];
+  for (nlohmann::json& e : events)
+    if (e.value("ph", "") == "X") {
+      e["name"] = "renamed";
+      break;
+    }
+  Result<std::vector<TraceSample>> bad = DurationsFromTrace(other.dump(), "t.json", sp.program, job->cost->cluster());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("t.json: event"), std::string::npos) << bad.status().message();
+  EXPECT_NE(bad.status().message().find("(a trace of another program?)"), std::string::npos) << bad.status().message();
+  EXPECT_FALSE(DurationsFromTrace("{}", "t.json", sp.program, job->cost->cluster()).ok());
 }
 
 }  // namespace

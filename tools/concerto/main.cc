@@ -541,6 +541,9 @@ int CmdRun(const RunFlags& rf, const CommonFlags& flags) {
 // ---- profile ----
 struct ProfileFlags {
   std::string program;
+  std::string from_trace;  // --from-trace: no measurement, the run's durations
+  std::string cluster;     // --from-trace: the cluster the run was scheduled on
+  std::string base;        // --from-trace: the profile database it updates
   std::string out_dir = "profile";
   int ranks = 0;  // 0: the program's ranks, else 2
   bool in_process = false;
@@ -551,7 +554,60 @@ struct ProfileFlags {
 
 /// `concerto profile`: times kernels here and collectives over MPI (or
 /// FakeWorld), fits the cpu-local cluster, writes both files.
+/// `concerto profile --from-trace`: the compute durations a real run
+/// measured (its --trace) written into a profile database, over `--profile`'s
+/// entries when given (docs/runtime.md, "Closing the loop").
+int CmdProfileFromTrace(const ProfileFlags& pf) {
+  if (pf.program.empty() || pf.cluster.empty()) {
+    std::fprintf(stderr, "concerto profile --from-trace: needs --program (the program the run executed, "
+                         "run --write-program) and --cluster (the cluster it was scheduled on)\n");
+    return kExitUsage;
+  }
+  Result<Program> program = ReadProgramFile(pf.program);
+  if (!program.ok()) return Fail(program.status());
+  Result<ClusterSpec> cluster = LoadCluster(pf.cluster);
+  if (!cluster.ok()) return Fail(cluster.status());
+  Result<std::string> text = ReadInputFile(pf.from_trace, "trace", kMaxLargeInputBytes);
+  if (!text.ok()) return Fail(text.status());
+  Result<std::vector<TraceSample>> samples = DurationsFromTrace(*text, pf.from_trace, *program, *cluster);
+  if (!samples.ok()) return Fail(samples.status());
+  ProfileDb db;
+  if (!pf.base.empty()) {
+    Result<ProfileDb> base = ProfileDb::Read(pf.base);
+    if (!base.ok()) return Fail(base.status());
+    db = std::move(base).value();
+  }
+  int replaced = 0, added = 0, ops = 0;
+  nlohmann::json changes = nlohmann::json::array();
+  for (const TraceSample& t : *samples) {
+    const double before = db.Lookup(cluster->device.name, t.signature);
+    (before >= 0 ? replaced : added) += 1;
+    ops += t.count;
+    changes.push_back({{"signature", t.signature}, {"measured_us", t.median_us}, {"ops", t.count},
+                       {"before_us", before >= 0 ? nlohmann::json(before) : nlohmann::json(nullptr)}});
+    db.Add(cluster->device.name, t.signature, t.median_us);
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(pf.out_dir, ec);
+  if (ec) return Fail(Status::Error(pf.out_dir + ": " + ec.message()));
+  const std::string out = pf.out_dir + "/profile.json";
+  if (Status st = WriteTextFile(out, db.Write()); !st.ok()) return Fail(st);
+  if (pf.json) {
+    std::cout << DumpJson(nlohmann::json{{"from_trace", pf.from_trace}, {"profile", out}, {"device", cluster->device.name},
+                           {"signatures", samples->size()}, {"ops", ops}, {"replaced", replaced}, {"added", added},
+                           {"entries", db.size()}, {"changes", changes}}, 2)
+              << "\n";
+  } else {
+    std::cout << fmt::format("{}: {} compute ops in {} signatures measured inside the run; {} entries replaced, {} "
+                             "added; {} written ({} entries for '{}')\n",
+                             pf.from_trace, ops, samples->size(), replaced, added, out, db.size(),
+                             cluster->device.name);
+  }
+  return 0;
+}
+
 int CmdProfile(const ProfileFlags& pf) {
+  if (!pf.from_trace.empty()) return CmdProfileFromTrace(pf);
   // The built-in shapes always run (they make the fits well posed); a
   // program's own kernels come first and get exact database entries.
   std::vector<Program> programs;
@@ -820,6 +876,11 @@ int RealMain(int argc, char** argv) {
   profile->add_flag("--in-process", pf.in_process, "time collectives over threads (FakeWorld) instead of MPI processes");
   profile->add_option("--max-bytes", pf.max_bytes, "largest collective size in the sweep [bytes]")->capture_default_str()->check(CLI::Range(int64_t{4096}, int64_t{1} << 32));
   profile->add_option("--reps", pf.reps, "timed repetitions per collective")->capture_default_str()->check(CLI::Range(1, 1000));
+  profile->add_option("--from-trace", pf.from_trace,
+                      "measure nothing: write the compute durations of a run's trace (concerto run --trace) into "
+                      "OUT_DIR/profile.json (needs --program, the program the run executed, and --cluster)");
+  profile->add_option("--cluster", pf.cluster, "--from-trace: the cluster preset or file the run was scheduled on");
+  profile->add_option("--profile", pf.base, "--from-trace: the profile database to update (its other entries are kept)");
   profile->add_flag("--json", pf.json, "print one JSON object");
 
   try {

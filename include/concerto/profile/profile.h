@@ -227,4 +227,21 @@ ProfileDb MakeProfileDb(const std::string& device, const std::vector<KernelSampl
                         const std::vector<CollectiveSample>& collectives, const Program* program,
                         const ClusterSpec& cluster);
 
+/// What a run measured for one compute signature (DurationsFromTrace).
+struct TraceSample {
+  std::string signature;  // ProfileDb::Signature on the run's cluster
+  double median_us = 0;   // over every occurrence in the trace (ranks, layers, micro-batches)
+  int count = 0;
+};
+
+/// The compute ops' durations measured inside a real schedule (the Chrome
+/// trace `concerto run --trace` writes: one "X" event per op, pid = rank,
+/// args.id = the op's id in `program`, the scheduled program the run
+/// executed), keyed by each op's ProfileDb signature on `cluster`.
+/// Communication ops are left out: their measured spans include waiting for
+/// the peers. Errors name `source` and the event: not a trace, a rank or op
+/// id `program` does not have, an event whose name differs from its op's.
+Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_text, const std::string& source,
+                                                    const Program& program, const ClusterSpec& cluster);
+
 }  // namespace concerto
