@@ -158,6 +158,10 @@ check fidelity_row 0 "$BIN" fidelity --table "$ROOT/examples/validation/publishe
 contains fidelity_json "$TMP/out" '"median_abs_error_percent"'
 check fidelity_unknown_row 1 "$BIN" fidelity --table "$ROOT/examples/validation/published.yaml" --only no-such-row
 contains fidelity_unknown_row_message "$TMP/err" "published.yaml: no row 'no-such-row'"
+check from_trace_needs_program 2 "$BIN" profile --from-trace "$TMP/none.json"
+contains from_trace_needs_program_message "$TMP/err" "needs --program (the program the run executed"
+check from_trace_missing_trace 1 "$BIN" profile --from-trace "$TMP/none.json" --program "$ROOT/tests/golden/overlap_fifo.json" --cluster a800-4x8 --out-dir "$TMP/ft"
+contains from_trace_missing_trace_message "$TMP/err" "none.json"
 
 if [[ $fails -ne 0 ]]; then echo "$fails CLI checks failed"; exit 1; fi
 echo "all CLI checks passed"
