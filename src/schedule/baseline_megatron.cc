@@ -20,14 +20,26 @@ namespace concerto::baseline {
 /// that follows until its result is used (LinearWithGradAccumulationAnd-
 /// AsyncCommunication issues the input-gradient all-reduce / reduce-scatter
 /// and the sequence-parallel all-gather with async_op=True beside the
-/// weight-gradient GEMM). Every other comm op (pipeline send/recv, expert
-/// all-to-all) is synchronous, except collectives on a group that also
-/// carries gradient buckets. Sources: docs/schedulers.md, "Streams".
+/// weight-gradient GEMM). Pipeline sends and recvs of the interleaved
+/// schedule run async on their peer streams (Megatron's overlap_p2p_comm:
+/// isend/irecv issued ahead, waited on where the data is used; the training
+/// scripts' default for the interleaved schedule, forced off for the plain
+/// one). Every other comm op (plain 1F1B send/recv, expert all-to-all) is
+/// synchronous, except collectives on a group that also carries gradient
+/// buckets. Sources: docs/schedulers.md, "Streams".
 /// Whether `name` is a chunk the decomposition pass made ("<name>.c<k>").
 bool IsChunkName(const std::string& name) {
   const size_t dot = name.rfind(".c");
   if (dot == std::string::npos || dot + 2 == name.size()) return false;
   return std::all_of(name.begin() + static_cast<long>(dot) + 2, name.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+/// Whether `graph` is a stage of an interleaved 1F1B pipeline: the decoder
+/// frontend names its sends and recvs "pp.chunk<c>.*" then (plain 1F1B: "pp.*").
+bool IsInterleavedPipeline(const Graph& graph) {
+  return std::any_of(graph.ops.begin(), graph.ops.end(), [](const Op& op) {
+    return (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) && op.name.rfind("pp.chunk", 0) == 0;
+  });
 }
 
 Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const BaselineOptions& options, bool tp_overlap) {
@@ -48,8 +60,10 @@ Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const Basel
   // all-gather over dp) stays async on the comm stream too.
   std::set<std::string> async_groups;
   for (int i : grads) async_groups.insert(GroupSpecKey(graph.ops[i].group));
-  auto sync = [async_groups, tp_overlap](const Op& op) {
+  const bool overlap_p2p = IsInterleavedPipeline(graph);
+  auto sync = [async_groups, tp_overlap, overlap_p2p](const Op& op) {
     if (op.tags.purpose == "grad_sync") return false;
+    if (overlap_p2p && (op.kind == OpKind::kSend || op.kind == OpKind::kRecv)) return false;  // overlap_p2p_comm
     if (tp_overlap && op.kind == OpKind::kCollective && op.tags.purpose == "activation" &&
         (op.collective == CollectiveType::kAllGather || op.collective == CollectiveType::kReduceScatter) &&
         IsChunkName(op.name))

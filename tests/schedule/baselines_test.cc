@@ -20,6 +20,8 @@
 #include "concerto/lower/frontend.h"
 #include "concerto/lower/gpt.h"
 #include "concerto/lower/synthetic.h"
+#include "concerto/lower/plan.h"
+#include "concerto/lower/transformer.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/sim/simulator.h"
 
@@ -736,6 +738,42 @@ TEST(BaselinesTest, SimulatedDdp) {
   // compute: f0 0-10 | f1 10-20 | dw1 20-30 | dx1 30-40 | dw0 40-50 | ......... | adam0 100-102 | adam1 102-104
   // comm:                                                 fused 50-100
   EXPECT_DOUBLE_EQ(Makespan("ddp"), 104);
+}
+
+// Megatron runs the sends and recvs of the interleaved schedule async on
+// their peer streams (overlap_p2p_comm, its scripts' default there) and those
+// of plain 1F1B synchronously, on the compute stream (docs/schedulers.md).
+TEST(BaselinesTest, MegatronOverlapsInterleavedPipelineSendsOnly) {
+  // How many sends and recvs of pp rank 0 are tied into the compute lane by
+  // control edges (a synchronous op waits for the op before it on the lane
+  // and holds back the one after it; MakeSyncExplicit), of how many.
+  auto synchronous_p2p = [](const std::string& plan_text) {
+    ModelConfig m = ModelPreset("gpt-tiny").value();
+    m.layers = 4;  // pp 2 x 2 chunks
+    Result<Program> p = LowerTransformer(m, ParsePlan(plan_text).value());
+    EXPECT_TRUE(p.ok()) << p.status().message();
+    ScheduledProgram sp = RunChecked("megatron", *p);
+    const Graph& g = sp.program.GraphOf(sp.program.roles[sp.program.RoleOfRank(0)]);
+    std::set<int> tied;
+    for (const Op& op : g.ops)
+      for (int dep : op.control_deps) {
+        tied.insert(dep);
+        tied.insert(op.id);
+      }
+    int p2p = 0, sync = 0;
+    for (const Op& op : g.ops)
+      if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
+        ++p2p;
+        sync += tied.count(op.id) > 0;
+      }
+    EXPECT_GT(p2p, 0);
+    return std::make_pair(sync, p2p);
+  };
+  const auto plain = synchronous_p2p("pp=2,microbatches=4");
+  // Every pipeline send and recv is synchronous: 8 of 10; the other two are the
+  // tied embedding's gradient exchange at the end of the step, with no lane op after it.
+  EXPECT_EQ(plain.first, plain.second - 2);
+  EXPECT_EQ(synchronous_p2p("pp=2,microbatches=4,vstages=2").first, 0);
 }
 
 }  // namespace
