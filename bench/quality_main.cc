@@ -9,6 +9,8 @@
 //   concerto_quality --stop-rule [--only MODEL]  the search's stop rules side by side: the old
 //                fixed 4 rounds (stop on a round without gain) and the default gain rule, on
 //                every quality row and on random training-like DAGs of 1k, 10k and 100k ops
+//   concerto_quality --batch [--only MODEL]  the pass modes side by side on the same rows: windows
+//                one after another, and batches (--batch-windows 1) on 1 and 2 threads
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -192,6 +194,67 @@ int StopRule(const Options& options, const std::string& only) {
   return 0;
 }
 
+/// The pass modes side by side on one program: one window after another
+/// (the defaults: the next window solved ahead on a second thread) and
+/// batches (--batch-windows 1) on one and on two threads, whose schedules
+/// must be the same.
+Status BatchRow(const std::string& label, const Program& program, const CostModel& cost, const Options& options) {
+  std::fprintf(stderr, "batch windows: %s\n", label.c_str());
+  Result<RunResult> seq = RunScheduler(program, "concerto", cost, options, nullptr, nullptr);
+  if (!seq.ok()) return seq.status();
+  std::vector<Result<RunResult>> batch;
+  for (int threads : {1, 2}) {
+    Options o = options;
+    CONCERTO_RETURN_IF_ERROR(o.Set("batch-windows", 1));
+    CONCERTO_RETURN_IF_ERROR(o.Set("threads", threads));
+    batch.push_back(RunScheduler(program, "concerto", cost, o, nullptr, nullptr));
+    if (!batch.back().ok()) return batch.back().status();
+  }
+  const ConcertoReport& a = *seq->concerto;
+  const ConcertoReport& b1 = *batch[0]->concerto;
+  const ConcertoReport& b2 = *batch[1]->concerto;
+  if (WriteSchedule(batch[0]->scheduled.schedule) != WriteSchedule(batch[1]->scheduled.schedule))
+    return Status::Error(label + ": batches on 1 and 2 threads gave different schedules");
+  size_t ops = 0;
+  for (const Graph& g : program.graphs) ops += g.ops.size();
+  std::cout << fmt::format("| {} | {} | {:.1f} | {} | {:.1f} | {:.1f} | {} | {}/{}/{} | {:+.3f}% | {:.1f} | {:.1f} | {:.2f}x | "
+                           "{:.2f}x |\n",
+                           label, ops, a.final_makespan_us / 1e3, a.rounds_run, a.seconds, b1.final_makespan_us / 1e3,
+                           b1.rounds_run, b1.windows_batch_as_solved, b1.windows_batch_verified,
+                           b1.windows_batch_resolved, 100 * (b1.final_makespan_us / a.final_makespan_us - 1),
+                           b1.seconds, b2.seconds, b2.seconds > 0 ? b1.seconds / b2.seconds : 0.0,
+                           b2.seconds > 0 ? a.seconds / b2.seconds : 0.0)
+            << std::flush;
+  return Status::Ok();
+}
+
+int Batch(const Options& options, const std::string& only) {
+  std::cout << "| program | ops | one by one: ms | rounds | s | batches: ms | rounds | as solved/verified/solved again | "
+               "makespan change | s (1 thread) | s (2 threads) | speedup 1 -> 2 threads | vs one by one |\n"
+               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const auto& w : Workloads()) {
+    if (!only.empty() && w.model != only) continue;
+    Result<Program> program = LowerModelPlan(w.model, w.plan);
+    if (!program.ok()) return std::fprintf(stderr, "%s\n", program.status().message().c_str()), 1;
+    for (const std::string cluster : {"a800-4x8", "commodity-4x8"}) {
+      AnalyticCostModel cost(LoadCluster(cluster).value());
+      if (Status s = BatchRow(w.model + " " + w.plan + " on " + cluster, *program, cost, options); !s.ok())
+        return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
+    }
+  }
+  if (!only.empty() && only != "random") return 0;
+  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
+  for (int n : {1000, 10000, 100000}) {
+    SyntheticSpec spec;
+    spec.num_ops = n;
+    if (Status s = BatchRow(fmt::format("random DAG {} ops (8 ranks) on a800-4x8", n), SyntheticProgram(spec), cost,
+                            options);
+        !s.ok())
+      return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
+  }
+  return 0;
+}
+
 /// The propagation bound (default options, searched up to fifo's makespan)
 /// on the scaling sizes and the pipeline workload: time, probes, gain.
 int BoundSpeed() {
@@ -248,10 +311,11 @@ int Main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) {
       only = argv[++i];
     } else if (!std::strcmp(argv[i], "--scaling") || !std::strcmp(argv[i], "--sweep") ||
-               !std::strcmp(argv[i], "--bound-speed") || !std::strcmp(argv[i], "--stop-rule")) {
+               !std::strcmp(argv[i], "--bound-speed") || !std::strcmp(argv[i], "--stop-rule") ||
+               !std::strcmp(argv[i], "--batch")) {
       mode = argv[i];
     } else {
-      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--set OPTION=VALUE]... [--json] [--only MODEL (with --scaling: PLAN)] [--scaling | --sweep | --bound-speed | --stop-rule]\n");
+      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--set OPTION=VALUE]... [--json] [--only MODEL (with --scaling: PLAN)] [--scaling | --sweep | --bound-speed | --stop-rule | --batch]\n");
       return 2;
     }
   }
@@ -259,6 +323,7 @@ int Main(int argc, char** argv) {
   if (mode == "--sweep") return Sweep(options);
   if (mode == "--bound-speed") return BoundSpeed();
   if (mode == "--stop-rule") return StopRule(options, only);
+  if (mode == "--batch") return Batch(options, only);
   nlohmann::json all = nlohmann::json::array();
   std::cout << "| workload | cluster | best baseline | baseline ms | concerto ms | improvement | T/LB | LB ms (term) "
                "| T/LB plain | overlap eff. | peak GiB | search s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";

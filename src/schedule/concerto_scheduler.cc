@@ -96,8 +96,18 @@ class Search {
     Result<std::unique_ptr<WindowSolver>> solver = MakeWindowSolver(opts_.solver);
     if (!solver.ok()) return solver.status();
     solver_ = std::move(solver).value();
-    if (opts_.threads > 1 && solver_->thread_safe())
+    if (opts_.batch_windows) {
+      batch_ = opts_.batch_solver;
+      if (!batch_) {
+        Result<std::unique_ptr<WindowBatchSolver>> local = NewThreadBatchSolver(opts_.solver, opts_.threads);
+        if (!local.ok()) return local.status();
+        own_batch_ = std::move(local).value();
+        batch_ = own_batch_.get();
+      }
+      report_->batch_solver = batch_->name();
+    } else if (opts_.threads > 1 && solver_->thread_safe()) {
       speculation_ = std::make_unique<SpeculationExecutor>(MakeWindowSolver(opts_.solver).value());
+    }
     report_->solver = opts_.solver;
     CONCERTO_RETURN_IF_ERROR(PickIncumbent());
     report_->lower_bound_us = LowerBoundUs(best_.sp.program);
@@ -447,6 +457,10 @@ class Search {
         return std::vector<int>(global.begin() + k * b,
                                 global.begin() + std::min<size_t>(global.size(), static_cast<size_t>((k + 2) * b)));
       };
+      if (batch_) {
+        SolveBatch(r, members_of, horizon, pass, blocks, round);
+        continue;
+      }
       std::deque<Speculation> ahead;  // windows solved ahead, in pass order
       for (int k = pass; k < blocks; k += 2) {
         if (Done()) break;
@@ -520,6 +534,75 @@ class Search {
     return Status::Ok();
   }
 
+  /// The windows of one pass over role `r` as one batch (batch_windows):
+  /// each built from the start ticks before the pass, those the cache does
+  /// not answer solved together by batch_, then applied in pass order. When
+  /// its turn comes a window is built again (earlier windows may have moved
+  /// its context): an unchanged problem takes its batch answer; a changed
+  /// one takes it when it verifies on the new problem (same tasks, still
+  /// feasible), else is solved again here. Which answer each window gets
+  /// depends only on the problems, so not on how the batch was solved.
+  template <typename MembersOf>
+  void SolveBatch(RoleSearch& r, const MembersOf& members_of, int64_t horizon, int pass, int blocks, int round) {
+    struct Item {
+      int k = 0;
+      Window w;
+      std::optional<Result<WindowSolution>> answer;
+      bool reused = false;
+    };
+    std::vector<Item> items;
+    std::vector<const WindowProblem*> problems;
+    std::vector<size_t> solved_item;
+    for (int k = pass; k < blocks; k += 2) {
+      Item it;
+      it.k = k;
+      it.w = BuildWindow(r, members_of(k), horizon, program_.roles.size() > 1, budget_units_);
+      if (const WindowSolution* known = cache_.Find({r.role, pass, k}, it.w.problem)) it.answer = *known, it.reused = true;
+      items.push_back(std::move(it));
+    }
+    for (size_t i = 0; i < items.size(); ++i)
+      if (!items[i].answer) problems.push_back(&items[i].w.problem), solved_item.push_back(i);
+    if (Done()) return;
+    std::vector<Result<WindowSolution>> answers = batch_->SolveAll(problems, WindowSolverOptions());
+    for (size_t q = 0; q < answers.size(); ++q) items[solved_item[q]].answer = std::move(answers[q]);
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (Done()) break;
+      Item& it = items[i];
+      const Place place{r.role, pass, it.k};
+      if (i == 0) {  // nothing moved before the first window
+        ApplyWindow(r, it.w, *it.answer, it.reused, place, round);
+        if (!it.reused) report_->windows_batch_as_solved++;
+        continue;
+      }
+      Window now = BuildWindow(r, members_of(it.k), horizon, program_.roles.size() > 1, budget_units_);
+      if (now.problem == it.w.problem) {
+        ApplyWindow(r, now, *it.answer, it.reused, place, round);
+        if (!it.reused) report_->windows_batch_as_solved++;
+        continue;
+      }
+      const Result<WindowSolution>& old = *it.answer;
+      const bool answered =
+          old.ok() && (old->status == SolveStatus::kOptimal || old->status == SolveStatus::kFeasible);
+      if (answered && now.ops == it.w.ops && VerifyWindowSolution(now.problem, *old).empty()) {
+        // Feasible as it is; remembered for the problem it was solved for.
+        ApplyWindow(r, now, old, /*reused=*/false, place, round, &it.w.problem);
+        report_->windows_batch_verified++;
+        continue;
+      }
+      const Result<WindowSolution>* known = nullptr;
+      Result<WindowSolution> fresh = Status::Error("not solved");
+      if (const WindowSolution* c = cache_.Find(place, now.problem)) {
+        fresh = *c;
+        known = &fresh;
+      }
+      if (!known) {
+        fresh = solver_->Solve(now.problem, WindowSolverOptions());
+        report_->windows_batch_resolved++;
+      }
+      ApplyWindow(r, now, fresh, known != nullptr, place, round);
+    }
+  }
+
   /// How many windows one batch solves ahead. A new batch starts only once
   /// the helper finished the last one (its answers taken or found to be for
   /// a stale problem), so how many windows are solved ahead
@@ -556,7 +639,7 @@ class Search {
   /// start ticks; the report records it; a deterministic answer is
   /// remembered for the next solve at the same place.
   void ApplyWindow(RoleSearch& r, const Window& w, const Result<WindowSolution>& sol, bool reused, const Place& place,
-                   int round) {
+                   int round, const WindowProblem* solved_for = nullptr) {
     WindowReport wr;
     wr.round = round;
     wr.pass = std::get<1>(place);
@@ -568,7 +651,8 @@ class Search {
       wr.hit_time_limit = true;
       report_->windows_hit_time_limit++;
     }
-    if (sol.ok() && !sol->hit_time_limit && !reused && opts_.reuse_windows) cache_.Remember(place, w.problem, *sol);
+    if (sol.ok() && !sol->hit_time_limit && !reused && opts_.reuse_windows)
+      cache_.Remember(place, solved_for ? *solved_for : w.problem, *sol);
     if (reused) report_->windows_reused++;
     if (!sol.ok() || (sol->status != SolveStatus::kOptimal && sol->status != SolveStatus::kFeasible)) {
       wr.status = sol.ok() ? sol->status : SolveStatus::kNoSolution;
@@ -634,6 +718,8 @@ class Search {
   Clock::time_point t0_;
   std::unique_ptr<WindowSolver> solver_;
   std::unique_ptr<SpeculationExecutor> speculation_;  // the windows solved ahead (null: none)
+  WindowBatchSolver* batch_ = nullptr;                // batch_windows: solves each pass's windows
+  std::unique_ptr<WindowBatchSolver> own_batch_;      // the local threads, when no batch_solver is given
   WindowSolveCache cache_;                            // the last solve at each place
   Candidate best_, fallback_;
   /// best_'s program is search_program_ (empty in best_ until TakeBackBest).
@@ -703,10 +789,14 @@ const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
        "concerto: also start from critical-path list schedules (pipelines: free and in program order); 0: from "
        "the baselines only",
        &ConcertoOptions::list_schedule},
-      {"threads", "threads", 1, 2,
-       "concerto: 2 measures baselines two at a time and solves the next window ahead on a second thread; 1: one "
-       "at a time (speed only: the schedule is the same)",
+      {"threads", "threads", 1, 256,
+       "concerto: baselines measured this many at a time; with --batch-windows 1 the threads that solve each "
+       "batch, else 2 solves the next window ahead on a second thread (speed only: the schedule is the same)",
        &ConcertoOptions::threads},
+      {"batch-windows", "0/1", 0, 1,
+       "concerto: solve each pass's windows as one batch built from the same start ticks, in parallel (--threads, "
+       "or MPI workers under concerto_mpi_run), then apply them in order; 0: one after another",
+       &ConcertoOptions::batch_windows},
       {"reuse-windows", "0/1", 0, 1,
        "concerto: answer a window from an identical earlier solve at the same place (speed only)",
        &ConcertoOptions::reuse_windows},
@@ -733,6 +823,10 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
                       {"windows_hit_time_limit", r.windows_hit_time_limit},
                       {"windows_reused", r.windows_reused},
                       {"windows_speculated", r.windows_speculated},
+                      {"batch_solver", r.batch_solver},
+                      {"windows_batch_as_solved", r.windows_batch_as_solved},
+                      {"windows_batch_verified", r.windows_batch_verified},
+                      {"windows_batch_resolved", r.windows_batch_resolved},
                       {"passes_over_memory_budget", r.passes_over_memory},
                       {"inter_node_stream_ops", r.inter_node_stream_ops},
                       {"comm_streams_merged_ops", r.comm_streams_merged},

@@ -50,9 +50,9 @@ TEST(OptionTable, SettingAnOptionSetsItsStructField) {
 
 TEST(OptionTable, ValuesAreCheckedOnceByTheirRecord) {
   Options o;
-  Status s = o.Set("threads", 3);
+  Status s = o.Set("threads", 300);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(s.message(), "option --threads: 3 threads is out of range [1, 2]");
+  EXPECT_EQ(s.message(), "option --threads: 300 threads is out of range [1, 256]");
   s = o.Set("fuse", 0.5);
   ASSERT_FALSE(s.ok());
   EXPECT_EQ(s.message(), "option --fuse: 0.5 is not 0 or 1");

@@ -3,7 +3,8 @@
 // the next window of a pass ahead on a second thread (threads = 2)
 // (threads = 2, which also runs the baselines two at a time) give the same
 // schedule, program and window-by-window report as solving every window, one
-// at a time.
+// at a time. With batch_windows, the batches give the same schedule on one
+// thread, two threads and remote workers (in process).
 #include <gtest/gtest.h>
 
 #include "concerto/cost/cluster.h"
@@ -12,6 +13,7 @@
 #include "concerto/lower/gpt.h"
 #include "concerto/schedule/concerto_scheduler.h"
 #include "concerto/sim/memory.h"
+#include "fake_window_workers.h"
 
 namespace concerto {
 namespace {
@@ -100,6 +102,54 @@ TEST(ConcertoSpeed, SameScheduleWithMemoryInTheWindows) {
   EXPECT_GT(runs.fast_report.windows_reused + runs.fast_report.windows_speculated, 0);
   EXPECT_EQ(WriteSchedule(runs.plain->schedule), WriteSchedule(runs.fast->schedule));
   ExpectSameReport(runs.plain_report, runs.fast_report);
+}
+
+TEST(ConcertoSpeed, BatchesGiveTheSameScheduleOnThreadsAndWorkers) {
+  AnalyticCostModel cost(LoadCluster("commodity-4x8").value());
+  Program p = LowerGpt(GptPreset("gpt-tiny").value(), {2, 2}).value();
+  ConcertoOptions o;
+  o.block_ops = 20;
+  o.rounds = 3;
+  o.stall_rounds = 0;
+  o.window_fail_limit = 100;
+  o.batch_windows = true;
+  ConcertoOptions one = o;
+  one.threads = 1;
+  one.reuse_windows = false;
+  ConcertoReport one_report;
+  Result<ScheduledProgram> serial = RunConcerto(p, cost, one, &one_report);
+  ASSERT_TRUE(serial.ok()) << serial.status().message();
+  ASSERT_EQ(one_report.windows_hit_time_limit, 0);
+  EXPECT_EQ(one_report.batch_solver, "1 thread");
+  EXPECT_GT(one_report.windows_batch_as_solved, 0);
+  EXPECT_EQ(one_report.windows_speculated, 0);
+  EXPECT_LT(serial->schedule.scheduler == "concerto" ? one_report.final_makespan_us : 0,
+            one_report.incumbent_makespan_us)
+      << "the search gained nothing; the comparison would test little";
+
+  ConcertoOptions two = o;
+  two.threads = 2;
+  ConcertoReport two_report;
+  Result<ScheduledProgram> threaded = RunConcerto(p, cost, two, &two_report);
+  ASSERT_TRUE(threaded.ok()) << threaded.status().message();
+  EXPECT_EQ(two_report.batch_solver, "2 threads");
+  EXPECT_GT(two_report.windows_reused, 0);
+  EXPECT_EQ(WriteSchedule(serial->schedule), WriteSchedule(threaded->schedule));
+  EXPECT_EQ(WriteProgram(serial->program), WriteProgram(threaded->program));
+  ExpectSameReport(one_report, two_report);
+
+  testing::FakeWindowWorkers workers(2);
+  DistributedBatchSolver remote(workers, MakeWindowSolver("gecode").value());
+  ConcertoOptions distributed = o;
+  distributed.batch_solver = &remote;
+  ConcertoReport remote_report;
+  Result<ScheduledProgram> far = RunConcerto(p, cost, distributed, &remote_report);
+  ASSERT_TRUE(remote.Shutdown().ok());
+  ASSERT_TRUE(far.ok()) << far.status().message();
+  EXPECT_EQ(remote_report.batch_solver, "1 thread + 2 workers");
+  EXPECT_GT(remote.problems_remote(), 0);
+  EXPECT_EQ(WriteSchedule(serial->schedule), WriteSchedule(far->schedule));
+  ExpectSameReport(one_report, remote_report);
 }
 
 TEST(ConcertoSpeed, WindowProblemsCompareFieldByField) {

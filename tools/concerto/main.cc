@@ -219,9 +219,62 @@ struct ScheduleFlags {
   std::string scheduler = "concerto";
   std::string output;
   std::string write_program;
+  int mpi = 0;           // --mpi N: schedule on N MPI processes (rank 0 schedules, the others solve windows)
+  bool dry_run = false;  // with --mpi: print the mpirun command
 };
 
+/// concerto_mpi_run's arguments for scheduling `sf` as `flags` say: the
+/// program, cluster, profile, solver and every option that differs from its
+/// default (as the word --help shows for it, when it has one).
+std::vector<std::string> ScheduleWorkerArgs(const ScheduleFlags& sf, const CommonFlags& flags,
+                                            const std::string& program_path) {
+  const JobSpec& job = flags.job;
+  std::vector<std::string> args = {"--program", sf.file, "--scheduler", sf.scheduler, "--cluster", job.cluster,
+                                   "--solver", job.options.concerto.solver, "--schedule-only",
+                                   "--write-schedule", sf.output, "--write-program", program_path};
+  if (job.nodes > 0) args.insert(args.end(), {"--nodes", std::to_string(job.nodes)});
+  if (!job.profile.empty()) args.insert(args.end(), {"--profile", job.profile});
+  const Options defaults;
+  for (const OptionSpec& spec : OptionTable()) {
+    const double v = job.options.Get(spec.name);
+    if (v == defaults.Get(spec.name)) continue;
+    std::string text = fmt::format("{}", v);
+    for (const auto& [word, value] : spec.words)
+      if (value == v) text = word;
+    args.insert(args.end(), {"--" + spec.name, text});
+  }
+  if (flags.json) args.push_back("--json");
+  return args;
+}
+
 int CmdSchedule(const ScheduleFlags& sf, const CommonFlags& flags) {
+  if (sf.mpi > 0) {
+    // Rank 0 of concerto_mpi_run schedules; with concerto and
+    // --batch-windows 1 the other ranks solve windows (docs/concerto.md).
+    Result<std::string> dir = SelfExeDir();
+    if (!dir.ok()) return Fail(dir.status());
+    Result<std::string> worker = FindMpiWorker(*dir);
+    if (!worker.ok() && !sf.dry_run) return Fail(worker.status());
+    MpirunSpec mpirun;
+    mpirun.ranks = sf.mpi;
+    mpirun.as_root = RunningAsRoot();
+    mpirun.worker = worker.ok() ? *worker : *dir + "/concerto_mpi_run";
+    const std::string program_path = sf.write_program.empty() ? sf.output + ".program.json" : sf.write_program;
+    mpirun.worker_args = ScheduleWorkerArgs(sf, flags, program_path);
+    Result<std::vector<std::string>> argv = MpirunCommand(mpirun);
+    if (!argv.ok()) return Fail(argv.status());
+    if (sf.dry_run) {
+      std::cout << ShellJoin(*argv) << "\n";
+      return 0;
+    }
+    if (sf.scheduler != "concerto" || !flags.job.options.concerto.batch_windows)
+      Progress("--mpi: only concerto with --batch-windows 1 spreads its work over the processes; rank 0 does it all");
+    SubprocessRunner runner;
+    Result<int> code = runner.Run(*argv);
+    if (!code.ok()) return Fail(code.status());
+    if (*code != 0) std::fprintf(stderr, "concerto: schedule failed: mpirun exited with code %d\n", *code);
+    return *code;
+  }
   JobSpec spec = flags.job;
   spec.program_file = sf.file;
   spec.scheduler = sf.scheduler;
@@ -773,6 +826,12 @@ int RealMain(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::IsMember(SchedulerNames()));
   schedule->add_option("-o,--output", schedf.output, "where to write the schedule (JSON)")->required();
+  schedule->add_option("--mpi", schedf.mpi,
+                       "schedule on this many MPI processes (concerto_mpi_run under mpirun): with --batch-windows 1 "
+                       "rank 0 runs concerto and the others solve its window batches; the schedule is the same as "
+                       "without --mpi")
+      ->check(CLI::Range(1, 4096));
+  schedule->add_flag("--dry-run", schedf.dry_run, "with --mpi: print the mpirun command instead of running it");
   schedule->add_option("--write-program", schedf.write_program,
                        "where to write the program the schedule belongs to (default: OUTPUT.program.json)");
   AddCommonFlags(schedule, flags);

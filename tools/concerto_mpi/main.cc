@@ -7,6 +7,9 @@
 //          [--trace FILE] [--json] [--timeout SECONDS]
 //          [--fail-op NAME --fail-rank R] [--kill-op NAME --kill-rank R]
 //          [--status-dir DIR]
+//   mpirun -n N concerto_mpi_run (--program P.json | --model M --plan P) --scheduler concerto
+//          --batch-windows 1 --schedule-only --write-schedule S.json [--write-program P2.json]
+//          (`concerto schedule --mpi N`: rank 0 schedules, the other ranks solve window batches)
 //   mpirun -n N concerto_mpi_run --profile-comm OUT.json [--profile-specs SPECS]
 //          [--profile-interference OUT2.json]
 //
@@ -35,6 +38,7 @@
 #include <vector>
 
 #include "concerto/driver/job.h"
+#include "concerto/ir/json_io.h"
 #include "concerto/report/report.h"
 #include "concerto/util/json_text.h"
 #include "concerto/runtime/executor.h"
@@ -43,6 +47,7 @@
 #include "concerto/runtime/launcher_job.h"
 #include "concerto/runtime/mpi_communicator.h"
 #include "concerto/profile/profile.h"
+#include "concerto/schedule/window_batch.h"
 #include "concerto/util/input_file.h"
 #include "../common/option_flags.h"
 
@@ -52,6 +57,8 @@ namespace {
 constexpr int kJobTag = 5;
 constexpr int kRecordsTag = 6;
 constexpr int kTensorsTag = 7;
+constexpr int kWindowBatchTag = 8;    // rank 0 -> window workers: a batch of window problems, or stop
+constexpr int kWindowAnswersTag = 9;  // window worker -> rank 0: the batch's answers
 
 struct Flags {
   JobSpec job;
@@ -70,6 +77,9 @@ struct Flags {
   std::string profile_interference;  // output file of the interference measurement (profile mode)
   int profile_reps = 5;
   int64_t profile_max_bytes = 16 << 20;
+  bool schedule_only = false;   // schedule (with window workers), write, do not run
+  std::string write_schedule;   // where to write the schedule
+  std::string write_program;    // where to write the scheduled program
 };
 
 /// Parses the command line (CLI11; the scheduler's options from the option
@@ -85,6 +95,8 @@ Result<Flags> ParseFlags(int argc, char** argv) {
   app.add_option("--scheduler", f.job.scheduler, "make the schedule with this scheduler")->capture_default_str();
   app.add_option("--cluster", f.job.cluster, "cluster preset or file the scheduler plans with")->capture_default_str();
   app.add_option("--profile", f.job.profile, "profile database for the scheduler's cost model");
+  app.add_option("--nodes", f.job.nodes, "scale the cluster to this many nodes (0: as given)")
+      ->check(CLI::Range(0, 1 << 20));
   app.add_option("--solver", f.job.options.concerto.solver, "concerto: window solver backend")->capture_default_str();
   AddOptionFlags(&app, &f.job.options);
   app.add_option("--iterations", f.iterations, "measured iterations")->check(CLI::Range(1, 1000000));
@@ -99,6 +111,11 @@ Result<Flags> ParseFlags(int argc, char** argv) {
   app.add_option("--kill-op", f.kill_op, "fault injection: the process of --kill-rank dies (SIGKILL) at this op");
   app.add_option("--kill-rank", f.kill_rank, "fault injection: the rank of --kill-op")->check(CLI::NonNegativeNumber);
   app.add_option("--status-dir", f.status_dir, "per-rank flight records (for the launcher's message)");
+  app.add_flag("--schedule-only", f.schedule_only,
+               "make the schedule and stop (no run); with --scheduler concerto --batch-windows 1 the other ranks "
+               "solve windows (docs/concerto.md, \"Parallel window solving\")");
+  app.add_option("--write-schedule", f.write_schedule, "write the schedule (JSON) here");
+  app.add_option("--write-program", f.write_program, "write the scheduled (possibly rewritten) program here");
   app.add_option("--profile-comm", f.profile_comm, "profile mode: time collectives, write the samples here");
   app.add_option("--profile-specs", f.profile_specs, "profile mode: TYPE:N:BYTES,... (default: a sweep)");
   app.add_option("--profile-interference", f.profile_interference, "profile mode: also measure interference");
@@ -226,19 +243,76 @@ Result<std::vector<std::vector<OpRecord>>> UnpackRecords(const std::string& s, i
   return out;
 }
 
+/// The window workers' link: worker w is MPI rank w.
+class MpiWindowLink : public WindowWorkerLink {
+ public:
+  explicit MpiWindowLink(MpiCommunicator& comm) : comm_(comm) {}
+  int workers() const override { return comm_.size() - 1; }
+  Status Send(int worker, const std::string& bytes) override { return comm_.SendBytes(bytes, worker, kWindowBatchTag); }
+  Result<std::string> Receive(int worker) override { return comm_.RecvBytes(worker, kWindowAnswersTag); }
+
+ private:
+  MpiCommunicator& comm_;
+};
+
+/// Whether the ranks other than 0 solve concerto's windows while rank 0
+/// schedules: concerto with --batch-windows 1 on more than one process
+/// (every rank decides the same from the same command line).
+bool ServesWindows(const Flags& flags, int ranks) {
+  return ranks > 1 && flags.job.schedule_file.empty() && flags.job.scheduler == "concerto" &&
+         flags.job.options.concerto.batch_windows;
+}
+
 /// Rank 0 prepares the job (PrepareJob: scheduled and simulated, kept in
 /// `prepared` for the report) and sends it to every rank ('E' + message on
-/// failure, so that every rank stops); the others receive it.
+/// failure, so that every rank stops); the others receive it. With
+/// ServesWindows, the others first solve window batches until rank 0 has
+/// its schedule.
 Result<ScheduledProgram> ShareJob(MpiCommunicator& comm, const Flags& flags, JobResult* prepared) {
+  const bool serve = ServesWindows(flags, comm.size());
+  if (comm.rank() != 0 && serve) {
+    Result<std::unique_ptr<WindowSolver>> solver = MakeWindowSolver(flags.job.options.concerto.solver);
+    if (!solver.ok()) return solver.status();
+    CONCERTO_RETURN_IF_ERROR(ServeWindowBatches([&] { return comm.RecvBytes(0, kWindowBatchTag); },
+                                                [&](const std::string& bytes) {
+                                                  return comm.SendBytes(bytes, 0, kWindowAnswersTag);
+                                                },
+                                                **solver));
+  }
+  if (comm.rank() != 0 && flags.schedule_only) return ScheduledProgram{};
   if (comm.rank() != 0) {
     Result<std::string> bytes = comm.RecvBytes(0, kJobTag);
     if (!bytes.ok()) return bytes.status();
     if (bytes->empty() || (*bytes)[0] == 'E') return Status::Error("rank 0 could not prepare the job");
     return UnpackScheduledProgram(bytes->substr(1), "job from rank 0");
   }
-  Result<JobResult> job = PrepareJob(flags.job, [](const std::string& line) {
+  MpiWindowLink link(comm);
+  std::unique_ptr<DistributedBatchSolver> workers;
+  JobSpec spec = flags.job;
+  if (serve) {
+    Result<std::unique_ptr<WindowSolver>> local = MakeWindowSolver(spec.options.concerto.solver);
+    if (local.ok()) {
+      workers = std::make_unique<DistributedBatchSolver>(link, std::move(local).value());
+      spec.options.concerto.batch_solver = workers.get();
+    }
+  }
+  Result<JobResult> job = PrepareJob(spec, [](const std::string& line) {
     std::fprintf(stderr, "concerto_mpi_run: %s\n", line.c_str());
   });
+  if (serve) {
+    if (workers) {
+      std::fprintf(stderr, "concerto_mpi_run: %d window workers answered %d windows in %d batches\n",
+                   comm.size() - 1, workers->problems_remote(), workers->batches_sent());
+      CONCERTO_RETURN_IF_ERROR(workers->Shutdown());
+    } else {
+      for (int r = 1; r < comm.size(); ++r) CONCERTO_RETURN_IF_ERROR(comm.SendBytes(EncodeWindowStop(), r, kWindowBatchTag));
+    }
+  }
+  if (flags.schedule_only) {
+    if (!job.ok()) return job.status();
+    *prepared = std::move(job).value();
+    return prepared->run.scheduled;
+  }
   const std::string message = job.ok() ? "P" + PackScheduledProgram(job->run.scheduled) : std::string("E");
   for (int r = 1; r < comm.size(); ++r) CONCERTO_RETURN_IF_ERROR(comm.SendBytes(message, r, kJobTag));
   if (!job.ok()) return job.status();
@@ -299,6 +373,29 @@ int Main(int argc, char** argv) {
   JobResult prepared;  // rank 0: the job's cost model and simulated run
   Result<ScheduledProgram> sp = ShareJob(comm, *flags, &prepared);
   if (!sp.ok()) return rank == 0 ? fail(sp.status().message()) : 1;
+  if (rank == 0) {
+    if (!flags->write_schedule.empty())
+      if (Status st = WriteTextFile(flags->write_schedule, WriteSchedule(sp->schedule)); !st.ok())
+        return fail(st.message());
+    if (!flags->write_program.empty())
+      if (Status st = WriteTextFile(flags->write_program, WriteProgram(sp->program)); !st.ok())
+        return fail(st.message());
+  }
+  if (flags->schedule_only) {
+    if (rank != 0) return 0;
+    const Summary& s = prepared.run.summary;
+    if (flags->json) {
+      nlohmann::json j = {{"scheduler", sp->schedule.scheduler},
+                          {"makespan_us", s.makespan_us},
+                          {"ranks", comm.size()}};
+      if (prepared.run.concerto) j["concerto"] = ConcertoReportJson(*prepared.run.concerto);
+      std::printf("%s\n", DumpJson(j, 2).c_str());
+    } else {
+      std::printf("%s: %.3f ms (simulated), scheduled on %d MPI processes\n", sp->schedule.scheduler.c_str(),
+                  s.makespan_us / 1e3, comm.size());
+    }
+    return 0;
+  }
   if (sp->program.mesh.NumRanks() != comm.size())
     return fail("the program needs " + std::to_string(sp->program.mesh.NumRanks()) + " ranks, mpirun started " +
                 std::to_string(comm.size()));

@@ -14,6 +14,7 @@
 #include "concerto/cost/cost_model.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/schedule/scheduler.h"
+#include "concerto/schedule/window_batch.h"
 #include "concerto/schedule/window_solver.h"
 #include "concerto/sim/simulator.h"
 
@@ -50,8 +51,22 @@ struct ConcertoOptions {
   /// thread against the start ticks before it; that answer is used when the
   /// next window's problem turns out identical (else it is solved again).
   /// 1: everything one at a time. Only thread-safe backends (Gecode)
-  /// speculate.
+  /// speculate. With batch_windows: the threads that solve each batch (and
+  /// no speculation).
   int threads = 2;
+  /// How a pass solves its windows. false: one after another, each built
+  /// from the start ticks the previous one left (the odd-even method as
+  /// published). true: as one batch, every window of the pass built from the
+  /// start ticks before it, solved at once (on `threads` threads or
+  /// `batch_solver`), then applied in pass order; a window whose problem an
+  /// earlier one changed keeps its batch answer when that answer verifies on
+  /// the new problem, else is solved again. The schedule does not depend on
+  /// how many threads or workers solve the batches (docs/concerto.md,
+  /// "Parallel window solving").
+  bool batch_windows = false;
+  /// With batch_windows: who solves the batches (not owned), e.g. MPI
+  /// workers (DistributedBatchSolver); null: `threads` local threads.
+  WindowBatchSolver* batch_solver = nullptr;
   bool fuse = true;                  // the fusion pass after decoding
   /// Consider the critical-path list schedule over the joined graph of all
   /// roles (CriticalPathListSchedule) as a starting point besides the
@@ -106,6 +121,14 @@ struct ConcertoReport {
   int windows_hit_time_limit = 0; // stopped by the wall-clock safety net
   int windows_reused = 0;         // answered by an identical earlier solve (ConcertoOptions::reuse_windows)
   int windows_speculated = 0;     // solved ahead on the second thread and used (ConcertoOptions::threads)
+  /// ConcertoOptions::batch_windows: who solved the batches, and what became
+  /// of their answers: applied as solved (the window's problem unchanged
+  /// when its turn came), applied after verifying on the changed problem,
+  /// or solved again.
+  std::string batch_solver;
+  int windows_batch_as_solved = 0;
+  int windows_batch_verified = 0;
+  int windows_batch_resolved = 0;
   int passes_over_memory = 0;     // decoded passes over the budget, undone
   int inter_node_stream_ops = 0;  // collectives moved to an inter-node stream (0: not split)
   int comm_streams_merged = 0;    // comm ops moved onto one "comm" stream (0: a stream per communicator)
