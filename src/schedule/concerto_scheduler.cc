@@ -616,6 +616,7 @@ class Search {
   SolverOptions WindowSolverOptions() const {
     SolverOptions so;
     so.fail_limit = opts_.window_fail_limit;
+    so.search = opts_.window_search == 1 ? SolverOptions::Search::kRank : SolverOptions::Search::kDive;
     so.time_limit_s = std::min(opts_.window_time_limit_s, std::max(0.01, opts_.time_budget_s - Since(t0_)));
     return so;
   }
@@ -780,6 +781,10 @@ const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
       {"window-fail-limit", "fails", 1, 1e9,
        "concerto: failed search nodes per window solve (deterministic; CBC: branch-and-bound nodes)",
        &ConcertoOptions::window_fail_limit},
+      {"window-search", "mode", 0, 1,
+       "concerto: the window solves' Gecode search: dive (0: start times, branch and bound) or rank (1: the order of "
+       "each pair of tasks on a stream, with restarts; proves hard multi-stream windows, costly on long ones)",
+       &ConcertoOptions::window_search, 1, {{"dive", 0}, {"rank", 1}}},
       {"window-time-limit", "s", 0.01, 3600,
        "concerto: wall-clock safety net per window solve (reported when it fires; results then depend on load)",
        &ConcertoOptions::window_time_limit_s},

@@ -56,17 +56,19 @@ class FailOrTimeStop : public Gecode::Search::Stop {
 /// head) so that they fit Gecode's 32-bit domains.
 class WindowSpace : public Gecode::IntMinimizeSpace {
  public:
-  WindowSpace(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset, bool edge_finding)
+  WindowSpace(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset, const SolverOptions& options)
       : start_(*this, static_cast<int>(problem.tasks.size())) {
     PostStarts(problem, prep, offset);
-    PostResources(problem, edge_finding);
+    PostResources(problem, options.edge_finding);
     PostPrecedences(problem);
     PostMemory(problem, prep, offset);
     PostMakespan(problem, prep, offset);
+    if (options.search == SolverOptions::Search::kRank) PostOrders(problem);
     PostBranching(problem, prep);
   }
   WindowSpace(WindowSpace& other) : Gecode::IntMinimizeSpace(other) {
     start_.update(*this, other.start_);
+    order_.update(*this, other.order_);
     makespan_.update(*this, other.makespan_);
   }
   /// Gecode's cloning hook.
@@ -160,9 +162,31 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
     for (size_t i = 0; i < problem.tasks.size(); ++i)
       Gecode::rel(*this, start_[i] + static_cast<int>(problem.tasks[i].duration) <= makespan_);
   }
-  /// Smallest earliest start first, at that value; ties go to the earlier
+  /// The rank search's order variables: per resource and pair (i, j) of its
+  /// tasks with work, o <=> i ends before j starts, !o <=> j ends before i
+  /// starts (the unary constraint stays for its edge finding).
+  void PostOrders(const WindowProblem& problem) {
+    std::vector<std::vector<int>> on(problem.num_resources);
+    for (size_t i = 0; i < problem.tasks.size(); ++i)
+      if (problem.tasks[i].duration > 0) on[problem.tasks[i].resource].push_back(static_cast<int>(i));
+    Gecode::BoolVarArgs orders;
+    for (const std::vector<int>& tasks : on)
+      for (size_t a = 0; a < tasks.size(); ++a)
+        for (size_t b = a + 1; b < tasks.size(); ++b) {
+          const int i = tasks[a], j = tasks[b];
+          Gecode::BoolVar o(*this, 0, 1);
+          Gecode::rel(*this, (start_[i] + static_cast<int>(problem.tasks[i].duration) <= start_[j]) == o);
+          Gecode::rel(*this, (start_[j] + static_cast<int>(problem.tasks[j].duration) <= start_[i]) == !o);
+          orders << o;
+        }
+    order_ = Gecode::BoolVarArray(*this, orders);
+  }
+  /// Rank search: first the order variables (largest accumulated failure
+  /// count first, decay 0.99; i before j first). Then, as in the dive:
+  /// smallest earliest start first, at that value; ties go to the earlier
   /// task in the hint, then the smaller index. Then the makespan at its min.
   void PostBranching(const WindowProblem& problem, const WindowPreparation& prep) {
+    if (order_.size() > 0) Gecode::branch(*this, order_, Gecode::BOOL_VAR_AFC_MAX(0.99), Gecode::BOOL_VAL_MAX());
     std::vector<int> order(problem.tasks.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
     if (!prep.hint.empty())
@@ -174,8 +198,26 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
   }
 
   Gecode::IntVarArray start_;
+  Gecode::BoolVarArray order_;  // rank search only
   Gecode::IntVar makespan_;
 };
+
+/// Order variables above this many make the rank search an error (memory).
+constexpr int64_t kMaxOrderVariables = 200'000;
+
+/// The rank search's order variables of `problem`: sum over resources of
+/// k (k - 1) / 2 for its k tasks with work.
+int64_t OrderVariables(const WindowProblem& problem) {
+  std::vector<int64_t> k(problem.num_resources, 0);
+  for (const WindowTask& t : problem.tasks)
+    if (t.duration > 0) k[t.resource]++;
+  int64_t n = 0;
+  for (int64_t c : k) n += c * (c - 1) / 2;
+  return n;
+}
+
+/// Luby restarts of the rank search: this many failures times the sequence.
+constexpr unsigned long kRestartScale = 100;
 
 /// Checks that every shifted time fits Gecode's domains.
 Status CheckRange(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset) {
@@ -197,7 +239,7 @@ Status CheckRange(const WindowProblem& problem, const WindowPreparation& prep, i
 WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset,
                            const SolverOptions& options) {
   WindowSearchOutcome outcome;
-  auto root = std::make_unique<WindowSpace>(problem, prep, offset, options.edge_finding);
+  auto root = std::make_unique<WindowSpace>(problem, prep, offset, options);
   const double ms = std::max(1.0, options.time_limit_s * 1e3);
   const unsigned long fails = options.fail_limit > 0 ? static_cast<unsigned long>(options.fail_limit) : kDefaultFailLimit;
   // The limit before a first answer applies only under a work limit and
@@ -208,16 +250,29 @@ WindowSearchOutcome Search(const WindowProblem& problem, const WindowPreparation
   Gecode::Search::Options o;
   o.threads = 1;
   o.stop = &stop;
-  Gecode::BAB<WindowSpace> engine(root.get(), o);
-  std::unique_ptr<WindowSpace> best;
-  while (WindowSpace* s = engine.next()) {
-    best.reset(s);
-    stop.Answered();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto run = [&](auto& engine) {
+    std::unique_ptr<WindowSpace> best;
+    while (WindowSpace* s = engine.next()) {
+      best.reset(s);
+      stop.Answered();
+      outcome.found_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    outcome.exhausted = !engine.stopped();
+    outcome.hit_time_limit = engine.stopped() && stop.time_fired();
+    outcome.nodes = static_cast<int64_t>(engine.statistics().node);
+    if (best) outcome.start = best->Starts(offset);
+  };
+  if (options.search == SolverOptions::Search::kRank) {
+    // Restarts keep the best answer's bound (Space::master constrains each
+    // restart by the last solution).
+    o.cutoff = Gecode::Search::Cutoff::luby(kRestartScale);
+    Gecode::RBS<WindowSpace, Gecode::BAB> engine(root.get(), o);
+    run(engine);
+  } else {
+    Gecode::BAB<WindowSpace> engine(root.get(), o);
+    run(engine);
   }
-  outcome.exhausted = !engine.stopped();
-  outcome.hit_time_limit = engine.stopped() && stop.time_fired();
-  outcome.nodes = static_cast<int64_t>(engine.statistics().node);
-  if (best) outcome.start = best->Starts(offset);
   return outcome;
 }
 
@@ -258,6 +313,10 @@ class GecodeWindowSolver : public WindowSolver {
     for (size_t i = 0; i < problem.tasks.size(); ++i)
       offset = i == 0 ? prep.earliest_start[i] : std::min(offset, prep.earliest_start[i]);
     CONCERTO_RETURN_IF_ERROR(CheckRange(problem, prep, offset));
+    if (options.search == SolverOptions::Search::kRank && OrderVariables(problem) > kMaxOrderVariables)
+      return Status::Error("gecode: the rank search needs " + std::to_string(OrderVariables(problem)) +
+                           " order variables for this window, more than " + std::to_string(kMaxOrderVariables) +
+                           "; use the dive search or smaller windows");
     try {
       return Search(problem, prep, offset, options);
     } catch (const Gecode::Exception& e) {

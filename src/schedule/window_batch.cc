@@ -45,7 +45,7 @@ json AnswerJson(const Result<WindowSolution>& a) {
   if (!a.ok()) return {{"error", a.status().message()}};
   const WindowSolution& s = *a;
   return {{"status", static_cast<int>(s.status)}, {"start", s.start}, {"objective", s.objective},
-          {"bound", s.bound},   {"gap", s.gap},   {"seconds", s.seconds}, {"nodes", s.nodes},
+          {"bound", s.bound},   {"gap", s.gap},   {"seconds", s.seconds}, {"found_s", s.found_s}, {"nodes", s.nodes},
           {"hit_time_limit", s.hit_time_limit}};
 }
 
@@ -61,6 +61,7 @@ Result<WindowSolution> AnswerFromJson(const json& j) {
   s.bound = j.at("bound").get<int64_t>();
   s.gap = j.at("gap").get<double>();
   s.seconds = j.at("seconds").get<double>();
+  s.found_s = j.at("found_s").get<double>();
   s.nodes = j.at("nodes").get<int64_t>();
   s.hit_time_limit = j.at("hit_time_limit").get<bool>();
   return s;
@@ -111,6 +112,7 @@ std::string EncodeWindowBatch(const std::vector<const WindowProblem*>& problems,
               {"fail_limit", options.fail_limit},
               {"fails_before_answer", options.fails_before_answer},
               {"edge_finding", options.edge_finding},
+              {"search", options.search == SolverOptions::Search::kRank ? "rank" : "dive"},
               {"seed", options.seed}}}};
   std::vector<uint8_t> bytes = json::to_cbor(j);
   return std::string(bytes.begin(), bytes.end());
@@ -137,6 +139,9 @@ Result<DecodedWindowBatch> DecodeWindowBatch(const std::string& bytes) {
     out.options.fails_before_answer = o.at("fails_before_answer").get<int64_t>();
     out.options.edge_finding = o.at("edge_finding").get<bool>();
     out.options.seed = o.at("seed").get<uint64_t>();
+    const std::string search = o.at("search").get<std::string>();
+    if (search != "dive" && search != "rank") return Status::Error("window batch: search '" + search + "' is not dive or rank");
+    out.options.search = search == "rank" ? SolverOptions::Search::kRank : SolverOptions::Search::kDive;
   } catch (const json::exception& e) {
     return Status::Error(std::string("window batch: ") + e.what());
   }

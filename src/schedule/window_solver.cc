@@ -453,16 +453,21 @@ Result<WindowPreparation> PrepareWindow(const WindowProblem& problem) {
 Result<WindowSolution> FinishWindowSolution(const WindowProblem& problem, const WindowPreparation& prep,
                                             const WindowSearchOutcome& outcome, double seconds) {
   std::vector<int64_t> best = prep.hint;
+  double found_s = 0;  // the hint's
   if (!outcome.start.empty()) {
     if (outcome.start.size() != problem.tasks.size()) return Status::Error("solver returned a start vector of wrong size");
     std::vector<int64_t> found = LeftShiftWithinMemory(problem, outcome.start);
     std::vector<std::string> bad = VerifyWindowSolution(problem, AsSolution(problem, found, SolveStatus::kFeasible));
     if (!bad.empty()) return Status::Error("solver returned an infeasible schedule: " + Summarize(bad));
-    if (best.empty() || MaxFinish(problem, found) < prep.hint_objective) best = std::move(found);
+    if (best.empty() || MaxFinish(problem, found) < prep.hint_objective) {
+      best = std::move(found);
+      found_s = outcome.found_s >= 0 ? outcome.found_s : seconds;
+    }
   }
   const bool answered = !best.empty() || problem.tasks.empty();
   WindowSolution s = AsSolution(problem, std::move(best), StatusOf(false, outcome.exhausted));
   s.seconds = seconds;
+  s.found_s = found_s;
   s.nodes = outcome.nodes;
   s.hit_time_limit = outcome.hit_time_limit;
   s.bound = std::max(prep.lower_bound, outcome.bound);

@@ -39,6 +39,10 @@ struct ConcertoOptions {
   /// Per window solve: a deterministic work limit (Gecode failed nodes, CBC
   /// nodes) and a wall-clock safety net, reported when it fires.
   int64_t window_fail_limit = 50;
+  /// The window solves' Gecode search: 0 dive (SolverOptions::Search::kDive),
+  /// 1 rank (kRank: proves hard multi-resource windows, far costlier per
+  /// window on the scheduler's long two-stream windows).
+  int window_search = 0;
   double window_time_limit_s = 10.0;
   double time_budget_s = 600;        // all rounds together (wall-clock safety net)
   /// Speed only: neither changes the schedule, the report's windows or

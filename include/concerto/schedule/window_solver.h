@@ -64,6 +64,9 @@ struct WindowSolution {
   int64_t bound = 0;           // proven lower bound on the objective
   double gap = 0;              // (objective - bound) / objective
   double seconds = 0;
+  /// When the returned answer was found, from the start of the solve (0: the
+  /// hint; backends that do not track it report `seconds`).
+  double found_s = 0;
   int64_t nodes = 0;           // search nodes explored
   /// The search stopped on the wall-clock limit (the safety net), not on its
   /// deterministic work limit: the answer may depend on machine load.
@@ -88,6 +91,17 @@ struct SolverOptions {
   /// weaker where deadlines are tight, so the Concerto scheduler keeps the
   /// advanced level (docs/concerto.md, "Speed").
   bool edge_finding = true;
+  /// Gecode's search. kDive (the scheduler's default): branch on the start
+  /// times (smallest earliest start first, at its minimum) with branch and
+  /// bound; cheap per node and finds improvements on the first dive, but it
+  /// rarely proves optimality where several resources interact. kRank: an
+  /// order variable per pair of tasks on a resource (which goes first),
+  /// branched by accumulated failure count with Luby restarts, then the
+  /// start times; proves 100-task, 10-resource job-shop windows optimal in
+  /// seconds (docs/solvers.md, "Hard windows") at O(k^2) variables for k
+  /// tasks on a resource. CBC ignores it.
+  enum class Search { kDive, kRank };
+  Search search = Search::kDive;
   uint64_t seed = 1;
 };
 
@@ -166,6 +180,7 @@ struct WindowSearchOutcome {
   int64_t bound = 0;           // the search's own lower bound (0 when none)
   int64_t nodes = 0;
   bool hit_time_limit = false; // stopped by the wall clock, not the work limit
+  double found_s = -1;         // when `start` was found (-1: not tracked)
 };
 
 /// Turns a search outcome into the answer: keeps the better of the found

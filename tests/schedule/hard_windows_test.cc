@@ -1,0 +1,135 @@
+// Hard windows (issue 16): generated job shops and multi-resource projects of
+// 50-150 tasks whose optima the rank search proved (SolverOptions::Search::
+// kRank, exhausted, stored below). The rank search must prove each again
+// under a work limit (failed nodes; no wall clock decides anything here),
+// and no search may ever beat a stored optimum. Timings are in
+// docs/solvers.md ("Hard windows"; `concerto_quality --hard-windows`).
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "concerto/schedule/window_batch.h"
+#include "concerto/schedule/window_instances.h"
+
+namespace concerto {
+namespace {
+
+struct Stored {
+  const char* kind;  // "job-shop" (jobs x machines) or "project" (tasks on resources, up to 2 predecessors)
+  int a, b;
+  uint32_t seed;
+  int64_t optimum;
+};
+
+// Proven by the rank search without limits (each under 2 s here).
+const Stored kStored[] = {
+    {"job-shop", 10, 10, 1, 798}, {"job-shop", 10, 10, 2, 834}, {"job-shop", 10, 10, 3, 893},
+    {"job-shop", 5, 10, 1, 674},  {"job-shop", 10, 5, 1, 661},  {"project", 50, 10, 1, 562},
+    {"project", 100, 10, 1, 777}, {"project", 150, 10, 1, 1151},
+};
+
+WindowProblem Make(const Stored& s) {
+  return std::string(s.kind) == "job-shop" ? JobShopWindow(s.a, s.b, s.seed) : RandomUnaryWindow(s.a, s.b, 2, s.seed);
+}
+
+SolverOptions WorkLimited(SolverOptions::Search search, int64_t fails) {
+  SolverOptions o;
+  o.search = search;
+  o.fail_limit = fails;
+  o.fails_before_answer = 0;
+  o.time_limit_s = 3600;  // never the stop: the fail limit is
+  return o;
+}
+
+std::string Name(const Stored& s) {
+  return std::string(s.kind) + " " + std::to_string(s.a) + "x" + std::to_string(s.b) + " seed " +
+         std::to_string(s.seed);
+}
+
+TEST(HardWindows, TheGeneratorsAreWhatTheirCommentsSay) {
+  // Job shop: every job visits every machine once, in a chain.
+  WindowProblem js = JobShopWindow(4, 3, 9);
+  ASSERT_EQ(js.tasks.size(), 12u);
+  EXPECT_EQ(js.precedences.size(), 4u * 2);
+  int64_t total = 0;
+  for (int j = 0; j < 4; ++j) {
+    std::vector<bool> seen(3, false);
+    for (int k = 0; k < 3; ++k) {
+      const WindowTask& t = js.tasks[j * 3 + k];
+      EXPECT_GE(t.duration, 1);
+      EXPECT_LE(t.duration, 99);
+      seen[t.resource] = true;
+      total += t.duration;
+    }
+    EXPECT_EQ(seen, std::vector<bool>(3, true)) << "job " << j;
+  }
+  EXPECT_EQ(js.tasks[0].deadline, total);
+  EXPECT_TRUE(ValidateWindowProblem(js).ok());
+  // The same seed gives the same instance; another seed another.
+  EXPECT_TRUE(JobShopWindow(4, 3, 9) == js);
+  EXPECT_FALSE(JobShopWindow(4, 3, 10) == js);
+  // Projects: predecessors come earlier, at most max_preds each.
+  WindowProblem pr = RandomUnaryWindow(40, 5, 2, 3);
+  std::vector<int> preds(40, 0);
+  for (const auto& [b, a] : pr.precedences) {
+    EXPECT_LT(b, a);
+    preds[a]++;
+  }
+  for (int n : preds) EXPECT_LE(n, 2);
+  EXPECT_TRUE(ValidateWindowProblem(pr).ok());
+}
+
+TEST(HardWindows, TheRankSearchProvesEveryStoredOptimumUnderAWorkLimit) {
+  std::unique_ptr<WindowSolver> gecode = MakeWindowSolver("gecode").value();
+  for (const Stored& s : kStored) {
+    const WindowProblem p = Make(s);
+    Result<WindowSolution> r = gecode->Solve(p, WorkLimited(SolverOptions::Search::kRank, 1'000'000));
+    ASSERT_TRUE(r.ok()) << Name(s) << ": " << r.status().message();
+    EXPECT_FALSE(r->hit_time_limit) << Name(s);
+    EXPECT_EQ(r->status, SolveStatus::kOptimal) << Name(s);
+    EXPECT_EQ(r->objective, s.optimum) << Name(s);
+    EXPECT_EQ(r->bound, s.optimum) << Name(s);
+    EXPECT_TRUE(VerifyWindowSolution(p, *r).empty()) << Name(s);
+  }
+}
+
+TEST(HardWindows, NoSearchBeatsAStoredOptimumAndTheDiveProvesLess) {
+  // The dive (the scheduler's default search) on the 10x10 job shops: it
+  // stops at the fail limit above the optimum, its bound below it.
+  std::unique_ptr<WindowSolver> gecode = MakeWindowSolver("gecode").value();
+  int proven = 0;
+  for (const Stored& s : kStored) {
+    const WindowProblem p = Make(s);
+    Result<WindowSolution> r = gecode->Solve(p, WorkLimited(SolverOptions::Search::kDive, 5'000));
+    ASSERT_TRUE(r.ok()) << Name(s) << ": " << r.status().message();
+    EXPECT_GE(r->objective, s.optimum) << Name(s);
+    EXPECT_LE(r->bound, s.optimum) << Name(s);
+    proven += r->status == SolveStatus::kOptimal;
+    if (s.a == 10 && s.b == 10) EXPECT_EQ(r->status, SolveStatus::kFeasible) << Name(s);
+  }
+  EXPECT_LT(proven, static_cast<int>(std::size(kStored)));
+}
+
+TEST(HardWindows, TheRankSearchRefusesWindowsWithTooManyOrders) {
+  // 700 tasks on one resource: 700 * 699 / 2 = 244650 order variables.
+  WindowProblem p = RandomUnaryWindow(700, 1, 0, 1);
+  Result<WindowSolution> r =
+      MakeWindowSolver("gecode").value()->Solve(p, WorkLimited(SolverOptions::Search::kRank, 10));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "gecode: the rank search needs 244650 order variables for this window, more than 200000; use the dive "
+            "search or smaller windows");
+}
+
+TEST(HardWindows, TheWireFormatCarriesTheSearch) {
+  WindowProblem p = JobShopWindow(2, 2, 1);
+  Result<DecodedWindowBatch> d = DecodeWindowBatch(EncodeWindowBatch({&p}, WorkLimited(SolverOptions::Search::kRank, 5)));
+  ASSERT_TRUE(d.ok()) << d.status().message();
+  EXPECT_EQ(d->options.search, SolverOptions::Search::kRank);
+  d = DecodeWindowBatch(EncodeWindowBatch({&p}, WorkLimited(SolverOptions::Search::kDive, 5)));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->options.search, SolverOptions::Search::kDive);
+}
+
+}  // namespace
+}  // namespace concerto
