@@ -158,7 +158,7 @@ Status Mul(const Op& fwd, BackwardBuilder& b) {
 Status Scale(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kScale, {}); }
 
 Status Gelu(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kGeluGrad, {fwd.inputs[0]}); }
-Status Silu(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kGeluGrad, {fwd.inputs[0]}); }
+Status Silu(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kSiluGrad, {fwd.inputs[0]}); }
 Status Softmax(const Op& fwd, BackwardBuilder& b) {
   return Unary(fwd, b, ComputeType::kSoftmaxGrad, {fwd.outputs[0]});
 }

@@ -45,14 +45,14 @@ void AddOp(Graph& g, const std::string& name, ComputeType type, std::vector<std:
 
 /// A two-layer MLP with a cross-entropy loss: x [4, 8] -> fc1 (w1 [8, 16])
 /// -> gelu -> fc2 (w2 [16, 10]) -> logits [4, 10] -> loss.
-Graph Mlp() {
+Graph Mlp(ComputeType activation = ComputeType::kGelu) {
   Graph g;
   g.name = "main";
   g.tensors = {T("x", {4, 8}), T("w1", {8, 16}), T("h", {4, 16}), T("a", {4, 16}), T("w2", {16, 10}),
                T("logits", {4, 10}), T("labels", {4}, DType::kI32), T("m", {4}), T("z", {4}),
                T("target", {4}), T("loss", {})};
   AddOp(g, "fc1", ComputeType::kMatmul, {"x", "w1"}, {"h"});
-  AddOp(g, "gelu", ComputeType::kGelu, {"h"}, {"a"});
+  AddOp(g, std::string(ToString(activation)), activation, {"h"}, {"a"});
   AddOp(g, "fc2", ComputeType::kMatmul, {"a", "w2"}, {"logits"});
   AddOp(g, "max", ComputeType::kReduceMax, {"logits"}, {"m"});
   AddOp(g, "sum_exp", ComputeType::kSumExp, {"logits", "m"}, {"z"});
@@ -104,6 +104,30 @@ TEST(Autodiff, AppendsTheRegistrysBackwardRulesInReverseOrder) {
   p.graphs = {g};
   p.roles = {Role{"spmd", "main", {0}}};
   EXPECT_EQ(VerifyProgram(p), std::vector<std::string>{});
+}
+
+TEST(Autodiff, EveryActivationEmitsItsOwnGradientType) {
+  // The MLP with each one-input activation that has a "<name>_grad" type:
+  // its backward must be that type (silu's rule once emitted gelu_grad; the
+  // kernels' finite-difference tests could not see it).
+  int checked = 0;
+  for (ComputeType type : {ComputeType::kGelu, ComputeType::kSilu, ComputeType::kSoftmax}) {
+    Graph g = Mlp(type);
+    const size_t forward = g.ops.size();
+    Result<AutodiffResult> r = Differentiate(&g, "loss", {"w1", "w2"});
+    ASSERT_TRUE(r.ok()) << ToString(type) << ": " << r.status().message();
+    const std::optional<ComputeType> grad = ParseComputeType(std::string(ToString(type)) + "_grad");
+    ASSERT_TRUE(grad.has_value()) << ToString(type);
+    bool found = false;
+    for (size_t i = forward; i < g.ops.size(); ++i)
+      if (g.ops[i].name == std::string(ToString(type)) + ".grad") {
+        EXPECT_EQ(g.ops[i].compute_type, *grad) << ToString(type) << "'s backward is " << ToString(g.ops[i].compute_type);
+        found = true;
+      }
+    EXPECT_TRUE(found) << ToString(type) << ": no backward op";
+    checked++;
+  }
+  EXPECT_EQ(checked, 3);
 }
 
 TEST(Autodiff, SumsTheGradientsOfATensorReadTwice) {
