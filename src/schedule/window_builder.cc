@@ -19,7 +19,9 @@ constexpr size_t kMaxFixedSteps = 128;
 /// fixed ends clamped to the span); every other tensor is fixed at `r.t` and
 /// goes into one step profile, coarsened to kMaxFixedSteps steps by their
 /// maximum. The capacity is the budget, or the hint's own peak where the
-/// incumbent is already above it (a window never makes memory worse).
+/// incumbent is already above it (a window never makes memory worse). A
+/// window that cannot exceed the budget whatever its order (the fixed peak
+/// plus every variable buffer fits) gets no memory at all.
 void AddMemory(const RoleSearch& r, const std::vector<int>& task_of, int64_t budget_units, Window& w) {
   WindowProblem& pb = w.problem;
   int64_t lo = INT64_MAX, hi = INT64_MIN;
@@ -62,11 +64,21 @@ void AddMemory(const RoleSearch& r, const std::vector<int>& task_of, int64_t bud
   // The fixed profile as steps [time_k, time_k+1) at level_k, then coarsened.
   std::sort(fixed.begin(), fixed.end());
   std::vector<std::pair<int64_t, int64_t>> steps;  // (start, level)
-  int64_t level = 0;
+  int64_t level = 0, fixed_peak = 0;
   for (size_t k = 0; k < fixed.size(); ++k) {
     level += fixed[k].second;
     if (k + 1 < fixed.size() && fixed[k + 1].first == fixed[k].first) continue;
     steps.push_back({fixed[k].first, level});
+    fixed_peak = std::max(fixed_peak, level);
+  }
+  // Every variable buffer held over the whole span on top of the fixed peak
+  // still fits: no order of the window can exceed the budget, so the window
+  // carries no memory (the constraint would prune nothing; it only costs).
+  int64_t variable_units = 0;
+  for (const WindowBuffer& b : pb.buffers) variable_units += b.units;
+  if (fixed_peak + variable_units <= budget_units) {
+    pb.buffers.clear();
+    return;
   }
   const size_t per = (steps.size() + kMaxFixedSteps - 1) / kMaxFixedSteps;
   for (size_t k = 0; k + 1 < steps.size(); k += std::max<size_t>(per, 1)) {

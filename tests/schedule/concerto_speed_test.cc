@@ -90,15 +90,17 @@ TEST(ConcertoSpeed, ReuseAndSpeculationGiveTheSameSchedule) {
 }
 
 TEST(ConcertoSpeed, SameScheduleWithMemoryInTheWindows) {
-  // A budget 1% above the incumbent's peak: every window carries memory.
+  // A budget at the incumbent's peak: the windows around the peak carry
+  // memory (a window that cannot reach the budget in any order carries none).
   Runs probe = RunBoth(0);
   ASSERT_TRUE(probe.plain.ok());
-  const int64_t budget = probe.plain_report.incumbent_peak_memory_bytes * 101 / 100;
+  const int64_t budget = probe.plain_report.incumbent_peak_memory_bytes;
   Runs runs = RunBoth(budget);
   ASSERT_TRUE(runs.plain.ok()) << runs.plain.status().message();
   ASSERT_TRUE(runs.fast.ok()) << runs.fast.status().message();
-  ASSERT_FALSE(runs.plain_report.windows.empty());
-  EXPECT_TRUE(runs.plain_report.windows[0].memory);
+  int with_memory = 0;
+  for (const WindowReport& w : runs.plain_report.windows) with_memory += w.memory;
+  EXPECT_GT(with_memory, 0);
   EXPECT_GT(runs.fast_report.windows_reused + runs.fast_report.windows_speculated, 0);
   EXPECT_EQ(WriteSchedule(runs.plain->schedule), WriteSchedule(runs.fast->schedule));
   ExpectSameReport(runs.plain_report, runs.fast_report);
