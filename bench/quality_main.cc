@@ -171,16 +171,20 @@ Status StopRuleRow(const std::string& label, const Program& program, const CostM
   return Status::Ok();
 }
 
-int StopRule(const Options& options, const std::string& only) {
-  std::cout << "| program | ops | fixed: ms | rounds | s | gain rule: ms | rounds | s | makespan change | time ratio |\n"
-               "|---|---|---|---|---|---|---|---|---|---|\n";
+/// A side-by-side table over the quality rows (both clusters) and random
+/// training-like DAGs of 1k, 10k and 100k ops: `header` (markdown), then
+/// `row` per program; `only` keeps one model's rows ("random": the DAGs').
+using SideBySideRow = Status (*)(const std::string& label, const Program& program, const CostModel& cost,
+                                 const Options& options);
+int SideBySide(const Options& options, const std::string& only, const char* header, SideBySideRow row) {
+  std::cout << header;
   for (const auto& w : Workloads()) {
     if (!only.empty() && w.model != only) continue;
     Result<Program> program = LowerModelPlan(w.model, w.plan);
     if (!program.ok()) return std::fprintf(stderr, "%s\n", program.status().message().c_str()), 1;
     for (const std::string cluster : {"a800-4x8", "commodity-4x8"}) {
       AnalyticCostModel cost(LoadCluster(cluster).value());
-      if (Status s = StopRuleRow(w.model + " " + w.plan + " on " + cluster, *program, cost, options); !s.ok())
+      if (Status s = row(w.model + " " + w.plan + " on " + cluster, *program, cost, options); !s.ok())
         return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
     }
   }
@@ -189,12 +193,18 @@ int StopRule(const Options& options, const std::string& only) {
   for (int n : {1000, 10000, 100000}) {
     SyntheticSpec spec;
     spec.num_ops = n;
-    if (Status s = StopRuleRow(fmt::format("random DAG {} ops (8 ranks) on a800-4x8", n), SyntheticProgram(spec),
-                               cost, options);
+    if (Status s = row(fmt::format("random DAG {} ops (8 ranks) on a800-4x8", n), SyntheticProgram(spec), cost, options);
         !s.ok())
       return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
   }
   return 0;
+}
+
+int StopRule(const Options& options, const std::string& only) {
+  return SideBySide(options, only,
+                    "| program | ops | fixed: ms | rounds | s | gain rule: ms | rounds | s | makespan change | time ratio |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|\n",
+                    StopRuleRow);
 }
 
 /// The pass modes side by side on one program: one window after another
@@ -232,30 +242,11 @@ Status BatchRow(const std::string& label, const Program& program, const CostMode
 }
 
 int Batch(const Options& options, const std::string& only) {
-  std::cout << "| program | ops | one by one: ms | rounds | s | batches: ms | rounds | as solved/verified/solved again | "
-               "makespan change | s (1 thread) | s (2 threads) | speedup 1 -> 2 threads | vs one by one |\n"
-               "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-  for (const auto& w : Workloads()) {
-    if (!only.empty() && w.model != only) continue;
-    Result<Program> program = LowerModelPlan(w.model, w.plan);
-    if (!program.ok()) return std::fprintf(stderr, "%s\n", program.status().message().c_str()), 1;
-    for (const std::string cluster : {"a800-4x8", "commodity-4x8"}) {
-      AnalyticCostModel cost(LoadCluster(cluster).value());
-      if (Status s = BatchRow(w.model + " " + w.plan + " on " + cluster, *program, cost, options); !s.ok())
-        return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
-    }
-  }
-  if (!only.empty() && only != "random") return 0;
-  AnalyticCostModel cost(LoadCluster("a800-4x8").value());
-  for (int n : {1000, 10000, 100000}) {
-    SyntheticSpec spec;
-    spec.num_ops = n;
-    if (Status s = BatchRow(fmt::format("random DAG {} ops (8 ranks) on a800-4x8", n), SyntheticProgram(spec), cost,
-                            options);
-        !s.ok())
-      return std::fprintf(stderr, "%s\n", s.message().c_str()), 1;
-  }
-  return 0;
+  return SideBySide(options, only,
+                    "| program | ops | one by one: ms | rounds | s | batches: ms | rounds | as solved/verified/solved "
+                    "again | makespan change | s (1 thread) | s (2 threads) | speedup 1 -> 2 threads | vs one by one |\n"
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+                    BatchRow);
 }
 
 /// The hard-window table (docs/solvers.md, "Hard windows"): generated job
