@@ -302,6 +302,34 @@ Status Identity(const Op& fwd, BackwardBuilder& b) {
 
 Status Transpose(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kTranspose, {}); }
 
+Status Relu(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeType::kReluGrad, {fwd.inputs[0]}); }
+
+// conv2d(x, w) -> conv2d_grad(dy, x, w) -> (dx, dw), twice the forward's
+// flops (the data and the weight gradient each cost one forward).
+Status Conv2d(const Op& fwd, BackwardBuilder& b) {
+  Result<std::string> dy = Dy(fwd, b);
+  if (!dy.ok()) return dy.status();
+  const std::string &x = fwd.inputs[0], &w = fwd.inputs[1];
+  if (!b.NeedsGrad(x) && !b.NeedsGrad(w)) return Status::Ok();
+  std::string dx = Like(b, x + ".grad", x), dw = Like(b, w + ".grad", w);
+  b.Emit("", ComputeType::kConv2dGrad, {*dy, x, w}, {dx, dw}, 2.0 * fwd.flops, fwd.attrs);
+  if (b.NeedsGrad(x)) b.AddGrad(x, dx);
+  if (b.NeedsGrad(w)) b.AddGrad(w, dw);
+  return Status::Ok();
+}
+
+// max_pool2d(x) -> max_pool2d_grad(dy, x) -> dx, the forward's flops.
+Status MaxPool2d(const Op& fwd, BackwardBuilder& b) {
+  Result<std::string> dy = Dy(fwd, b);
+  if (!dy.ok()) return dy.status();
+  const std::string& x = fwd.inputs[0];
+  if (!b.NeedsGrad(x)) return Status::Ok();
+  std::string dx = Like(b, x + ".grad", x);
+  b.Emit("", ComputeType::kMaxPool2dGrad, {*dy, x}, {dx}, fwd.flops, fwd.attrs);
+  b.AddGrad(x, dx);
+  return Status::Ok();
+}
+
 // top_k(probs) -> (gates, ids): top_k_grad(dgates, ids, probs) -> dprobs.
 Status TopK(const Op& fwd, BackwardBuilder& b) {
   Result<std::string> dgates = Dy(fwd, b);

@@ -502,6 +502,86 @@ std::string CheckTranspose(const Operands& o) {
   return o.OutIs(0, y, "x with axis0 and axis1 swapped");
 }
 
+/// One spatial dim of a window op (convolution, pooling): (in + 2 pad -
+/// kernel) / stride + 1 positions, or nullopt when the window does not fit.
+std::optional<int64_t> WindowPositions(int64_t in, int64_t kernel, int64_t stride, int64_t pad) {
+  const int64_t span = in + 2 * pad - kernel;
+  if (stride < 1 || kernel < 1 || pad < 0 || span < 0) return std::nullopt;
+  return span / stride + 1;
+}
+
+/// conv2d's output shape from x [N, C, H, W] and w [K, C, R, S], or an error.
+std::string ConvOutput(const Operands& o, size_t x, size_t w, Shape* y) {
+  CONCERTO_SHAPE_CHECK(o.InRank(x, 4, true));
+  CONCERTO_SHAPE_CHECK(o.InRank(w, 4, true));
+  std::string error;
+  auto stride = o.IntAttr("stride", 1, &error);
+  auto pad = stride ? o.IntAttr("padding", 0, &error) : std::nullopt;
+  if (!stride || !pad) return error;
+  const Shape &xs = o.In(x), &ws = o.In(w);
+  if (xs[1] != ws[1])
+    return o.Type() + ": " + o.InName(x) + " has " + std::to_string(xs[1]) + " channels, " + o.InName(w) +
+           " expects " + std::to_string(ws[1]);
+  auto p = WindowPositions(xs[2], ws[2], *stride, *pad), q = WindowPositions(xs[3], ws[3], *stride, *pad);
+  if (!p || !q)
+    return o.Type() + ": a " + std::to_string(ws[2]) + "x" + std::to_string(ws[3]) + " kernel with stride " +
+           std::to_string(*stride) + " and padding " + std::to_string(*pad) + " does not fit " + o.InName(x);
+  *y = {xs[0], ws[0], *p, *q};
+  return "";
+}
+
+std::string CheckConv2d(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  Shape y;
+  CONCERTO_SHAPE_CHECK(ConvOutput(o, 0, 1, &y));
+  return o.OutIs(0, y, "[N, K, (H + 2 padding - R) / stride + 1, (W + 2 padding - S) / stride + 1]");
+}
+
+/// conv2d_grad: (dy, x, w) -> (dx, dw), dy shaped as conv2d(x, w).
+std::string CheckConv2dGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(3, 2));
+  Shape y;
+  CONCERTO_SHAPE_CHECK(ConvOutput(o, 1, 2, &y));
+  CONCERTO_SHAPE_CHECK(o.InIs(0, y, "conv2d(x, w)'s output"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(1), "x's"));
+  return o.OutIs(1, o.In(2), "w's");
+}
+
+/// max_pool2d's output shape from x [N, C, H, W], or an error.
+std::string PoolOutput(const Operands& o, size_t x, Shape* y) {
+  CONCERTO_SHAPE_CHECK(o.InRank(x, 4, true));
+  std::string error;
+  auto kernel = o.IntAttr("kernel", std::nullopt, &error);
+  auto stride = kernel ? o.IntAttr("stride", *kernel, &error) : std::nullopt;
+  auto pad = stride ? o.IntAttr("padding", 0, &error) : std::nullopt;
+  if (!kernel || !stride || !pad) return error;
+  if (2 * *pad > *kernel)
+    return o.Type() + ": padding " + std::to_string(*pad) + " is more than half the kernel " + std::to_string(*kernel);
+  const Shape& xs = o.In(x);
+  auto p = WindowPositions(xs[2], *kernel, *stride, *pad), q = WindowPositions(xs[3], *kernel, *stride, *pad);
+  if (!p || !q)
+    return o.Type() + ": a " + std::to_string(*kernel) + "x" + std::to_string(*kernel) + " window with stride " +
+           std::to_string(*stride) + " and padding " + std::to_string(*pad) + " does not fit " + o.InName(x);
+  *y = {xs[0], xs[1], *p, *q};
+  return "";
+}
+
+std::string CheckMaxPool2d(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(1, 1));
+  Shape y;
+  CONCERTO_SHAPE_CHECK(PoolOutput(o, 0, &y));
+  return o.OutIs(0, y, "[N, C, (H + 2 padding - kernel) / stride + 1, (W + 2 padding - kernel) / stride + 1]");
+}
+
+/// max_pool2d_grad: (dy, x) -> dx, dy shaped as max_pool2d(x).
+std::string CheckMaxPool2dGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(2, 1));
+  Shape y;
+  CONCERTO_SHAPE_CHECK(PoolOutput(o, 1, &y));
+  CONCERTO_SHAPE_CHECK(o.InIs(0, y, "max_pool2d(x)'s output"));
+  return o.OutIs(0, o.In(1), "x's");
+}
+
 /// Copy: n -> n, pairwise the same shape and dtype.
 std::string CheckCopy(const Operands& o) {
   if (o.NumIn() != o.NumOut())
@@ -695,6 +775,30 @@ const std::vector<OpTypeInfo>& OpRegistry() {
        "a copy: bytes only",
        CONCERTO_RULE(CheckTranspose(o)), KernelClass::kVector,
        {{"axis0", true, true, 0, kAttrMax, false}, {"axis1", true, true, 0, kAttrMax, false}}, nullptr, backward_rules::Transpose},
+      {T::kRelu, "relu", "(x) -> max(x, 0)", 1, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 1, 1)), KernelClass::kStreaming,
+       {}, sharding_rules::Elementwise, backward_rules::Relu},
+      {T::kReluGrad, "relu_grad", "(dy, x) -> dy * (x > 0)", 1, "output element",
+       CONCERTO_RULE(CheckSameShapes(o, 2, 1)), KernelClass::kStreaming,
+       {}, sharding_rules::Elementwise},
+      {T::kConv2d, "conv2d", "(x [N, C, H, W], w [K, C, R, S]) -> y [N, K, P, Q]; attrs stride, padding", 0,
+       "formula: 2 N K P Q C R S",
+       CONCERTO_RULE(CheckConv2d(o)), KernelClass::kTensorCore,
+       {{"stride", false, true, 1, kAttrMax, true}, {"padding", false, true, 0, kAttrMax, true}}, nullptr,
+       backward_rules::Conv2d},
+      {T::kConv2dGrad, "conv2d_grad", "(dy, x, w) -> (dx, dw)", 0, "formula: twice the forward",
+       CONCERTO_RULE(CheckConv2dGrad(o)), KernelClass::kTensorCore,
+       {{"stride", false, true, 1, kAttrMax, true}, {"padding", false, true, 0, kAttrMax, true}}, nullptr},
+      {T::kMaxPool2d, "max_pool2d", "(x [N, C, H, W]) -> y [N, C, P, Q]; attrs kernel, stride (kernel), padding", 0,
+       "formula: kernel^2 per output element",
+       CONCERTO_RULE(CheckMaxPool2d(o)), KernelClass::kVector,
+       {{"kernel", true, true, 1, kAttrMax, true}, {"stride", false, true, 1, kAttrMax, true},
+        {"padding", false, true, 0, kAttrMax, true}}, nullptr, backward_rules::MaxPool2d},
+      {T::kMaxPool2dGrad, "max_pool2d_grad", "(dy, x) -> dx (each window's first maximum)", 0,
+       "formula: kernel^2 per element of dy",
+       CONCERTO_RULE(CheckMaxPool2dGrad(o)), KernelClass::kVector,
+       {{"kernel", true, true, 1, kAttrMax, true}, {"stride", false, true, 1, kAttrMax, true},
+        {"padding", false, true, 0, kAttrMax, true}}, nullptr},
   };
   return registry;
 }

@@ -788,6 +788,125 @@ void Transpose(const Op& op, const std::vector<KernelArg>& in, const std::vector
         }
 }
 
+// ---- convolution and pooling (NCHW) ------------------------------------------
+
+/// The geometry of a window op over x [N, C, H, W]: kernel R x S, stride,
+/// padding, output P x Q (the shape rule checked that it fits).
+struct Window2d {
+  int64_t n, c, h, w, r, s, stride, pad, p, q;
+};
+Window2d ConvWindow(const Op& op, const Tensor& x, const Tensor& w) {
+  const int64_t stride = static_cast<int64_t>(op.Attr("stride", 1)), pad = static_cast<int64_t>(op.Attr("padding", 0));
+  const int64_t h = x.shape[2], wd = x.shape[3], r = w.shape[2], s = w.shape[3];
+  return {x.shape[0], x.shape[1], h, wd, r, s, stride, pad, (h + 2 * pad - r) / stride + 1, (wd + 2 * pad - s) / stride + 1};
+}
+Window2d PoolWindow(const Op& op, const Tensor& x) {
+  const int64_t k = static_cast<int64_t>(op.Attr("kernel", 1));
+  const int64_t stride = static_cast<int64_t>(op.Attr("stride", static_cast<double>(k)));
+  const int64_t pad = static_cast<int64_t>(op.Attr("padding", 0));
+  const int64_t h = x.shape[2], wd = x.shape[3];
+  return {x.shape[0], x.shape[1], h, wd, k, k, stride, pad, (h + 2 * pad - k) / stride + 1, (wd + 2 * pad - k) / stride + 1};
+}
+
+/// y[n, k, p, q] = sum_{c, i, j} x[n, c, p*stride - pad + i, q*stride - pad + j] w[k, c, i, j]
+/// (zero outside x).
+void Conv2dForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const Window2d g = ConvWindow(op, *in[0].meta, *in[1].meta);
+  const int64_t k_out = in[1].meta->shape[0];
+  const float *x = in[0].data, *w = in[1].data;
+  float* y = out[0].data;
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t k = 0; k < k_out; ++k)
+      for (int64_t p = 0; p < g.p; ++p)
+        for (int64_t q = 0; q < g.q; ++q) {
+          double sum = 0;
+          for (int64_t c = 0; c < g.c; ++c)
+            for (int64_t i = 0; i < g.r; ++i) {
+              const int64_t hi = p * g.stride - g.pad + i;
+              if (hi < 0 || hi >= g.h) continue;
+              for (int64_t j = 0; j < g.s; ++j) {
+                const int64_t wi = q * g.stride - g.pad + j;
+                if (wi < 0 || wi >= g.w) continue;
+                sum += static_cast<double>(x[((n * g.c + c) * g.h + hi) * g.w + wi]) *
+                       w[((k * g.c + c) * g.r + i) * g.s + j];
+              }
+            }
+          y[((n * k_out + k) * g.p + p) * g.q + q] = static_cast<float>(sum);
+        }
+}
+
+/// (dy, x, w) -> (dx, dw): each y element's dy scattered back to the x and
+/// w elements it read, accumulated in double.
+void Conv2dBackward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const Window2d g = ConvWindow(op, *in[1].meta, *in[2].meta);
+  const int64_t k_out = in[2].meta->shape[0];
+  const float *dy = in[0].data, *x = in[1].data, *w = in[2].data;
+  std::vector<double> dx(Numel(out[0]), 0.0), dw(Numel(out[1]), 0.0);
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t k = 0; k < k_out; ++k)
+      for (int64_t p = 0; p < g.p; ++p)
+        for (int64_t q = 0; q < g.q; ++q) {
+          const double d = dy[((n * k_out + k) * g.p + p) * g.q + q];
+          if (d == 0) continue;
+          for (int64_t c = 0; c < g.c; ++c)
+            for (int64_t i = 0; i < g.r; ++i) {
+              const int64_t hi = p * g.stride - g.pad + i;
+              if (hi < 0 || hi >= g.h) continue;
+              for (int64_t j = 0; j < g.s; ++j) {
+                const int64_t wi = q * g.stride - g.pad + j;
+                if (wi < 0 || wi >= g.w) continue;
+                const int64_t xi = ((n * g.c + c) * g.h + hi) * g.w + wi, wk = ((k * g.c + c) * g.r + i) * g.s + j;
+                dx[xi] += d * w[wk];
+                dw[wk] += d * x[xi];
+              }
+            }
+        }
+  for (size_t i = 0; i < dx.size(); ++i) out[0].data[i] = static_cast<float>(dx[i]);
+  for (size_t i = 0; i < dw.size(); ++i) out[1].data[i] = static_cast<float>(dw[i]);
+}
+
+/// The flat index in x of the first maximum of output (n, c, p, q)'s window
+/// (padding never wins: it is outside x), or -1 for a window of padding only.
+int64_t PoolArgmax(const float* x, const Window2d& g, int64_t n, int64_t c, int64_t p, int64_t q) {
+  int64_t best = -1;
+  for (int64_t i = 0; i < g.r; ++i) {
+    const int64_t hi = p * g.stride - g.pad + i;
+    if (hi < 0 || hi >= g.h) continue;
+    for (int64_t j = 0; j < g.s; ++j) {
+      const int64_t wi = q * g.stride - g.pad + j;
+      if (wi < 0 || wi >= g.w) continue;
+      const int64_t at = ((n * g.c + c) * g.h + hi) * g.w + wi;
+      if (best < 0 || x[at] > x[best]) best = at;
+    }
+  }
+  return best;
+}
+
+void MaxPool2dForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const Window2d g = PoolWindow(op, *in[0].meta);
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t p = 0; p < g.p; ++p)
+        for (int64_t q = 0; q < g.q; ++q) {
+          const int64_t at = PoolArgmax(in[0].data, g, n, c, p, q);
+          out[0].data[((n * g.c + c) * g.p + p) * g.q + q] = at < 0 ? 0.0f : in[0].data[at];
+        }
+}
+
+/// (dy, x) -> dx: each dy to its window's first maximum (summed where
+/// windows overlap).
+void MaxPool2dBackward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const Window2d g = PoolWindow(op, *in[1].meta);
+  std::fill(out[0].data, out[0].data + Numel(out[0]), 0.0f);
+  for (int64_t n = 0; n < g.n; ++n)
+    for (int64_t c = 0; c < g.c; ++c)
+      for (int64_t p = 0; p < g.p; ++p)
+        for (int64_t q = 0; q < g.q; ++q) {
+          const int64_t at = PoolArgmax(in[1].data, g, n, c, p, q);
+          if (at >= 0) out[0].data[at] += in[0].data[((n * g.c + c) * g.p + p) * g.q + q];
+        }
+}
+
 /// The attribute checks of one op: the integer attributes of its registry
 /// entry within their bounds, then what the bounds cannot say.
 Status CheckAttrs(const Op& op, const std::vector<const Tensor*>& inputs) {
@@ -918,6 +1037,12 @@ const std::vector<CpuKernel>& CpuKernels() {
       {T::kMoeCombine, 3, 1, +[](const Op& op, In in, In out, Ctx) { return MoeCombine(op, in, out); }},
       {T::kMoeCombineGrad, 4, 2, +[](const Op& op, In in, In out, Ctx) { return MoeCombineGrad(op, in, out); }},
       {T::kTranspose, 1, 1, CONCERTO_KERNEL(Transpose(op, in, out))},
+      {T::kRelu, 1, 1, CONCERTO_KERNEL(Unary(in, out, [](double x) { return x > 0 ? x : 0.0; }))},
+      {T::kReluGrad, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double dy, double x) { return x > 0 ? dy : 0.0; }))},
+      {T::kConv2d, 2, 1, CONCERTO_KERNEL(Conv2dForward(op, in, out))},
+      {T::kConv2dGrad, 3, 2, CONCERTO_KERNEL(Conv2dBackward(op, in, out))},
+      {T::kMaxPool2d, 1, 1, CONCERTO_KERNEL(MaxPool2dForward(op, in, out))},
+      {T::kMaxPool2dGrad, 2, 1, CONCERTO_KERNEL(MaxPool2dBackward(op, in, out))},
   };
 #undef CONCERTO_KERNEL
   return kernels;

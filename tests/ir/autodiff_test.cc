@@ -130,6 +130,49 @@ TEST(Autodiff, EveryActivationEmitsItsOwnGradientType) {
   EXPECT_EQ(checked, 3);
 }
 
+TEST(Autodiff, DifferentiatesAConvolutionalNetwork) {
+  // x [2, 3, 6, 6] -> conv2d (w [4, 3, 3, 3], padding 1) -> relu ->
+  // max_pool2d (kernel 2) [2, 4, 3, 3] -> matmul (w2 [3, 5]) -> logits
+  // [2, 4, 3, 5] -> cross-entropy. Backward: the loss chain, the matmul (its
+  // weight gradient over 2-D views of the batched operands), then
+  // max_pool2d_grad, relu_grad and conv2d_grad (its dx unused: x needs none).
+  Graph g;
+  g.name = "main";
+  g.tensors = {T("x", {2, 3, 6, 6}),  T("w", {4, 3, 3, 3}),  T("h", {2, 4, 6, 6}),         T("a", {2, 4, 6, 6}),
+               T("p", {2, 4, 3, 3}),  T("w2", {3, 5}),       T("logits", {2, 4, 3, 5}),    T("labels", {2, 4, 3}, DType::kI32),
+               T("m", {2, 4, 3}),     T("z", {2, 4, 3}),     T("target", {2, 4, 3}),       T("loss", {})};
+  AddOp(g, "conv", ComputeType::kConv2d, {"x", "w"}, {"h"}, {{"padding", 1}});
+  g.ops.back().flops = 2.0 * 2 * 4 * 6 * 6 * 3 * 3 * 3;
+  AddOp(g, "relu", ComputeType::kRelu, {"h"}, {"a"});
+  AddOp(g, "pool", ComputeType::kMaxPool2d, {"a"}, {"p"}, {{"kernel", 2}});
+  AddOp(g, "fc", ComputeType::kMatmul, {"p", "w2"}, {"logits"});
+  AddOp(g, "max", ComputeType::kReduceMax, {"logits"}, {"m"});
+  AddOp(g, "sum_exp", ComputeType::kSumExp, {"logits", "m"}, {"z"});
+  AddOp(g, "target", ComputeType::kGatherTarget, {"logits", "labels"}, {"target"});
+  AddOp(g, "ce", ComputeType::kCrossEntropy, {"m", "z", "target"}, {"loss"});
+  const size_t forward = g.ops.size();
+  Result<AutodiffResult> r = Differentiate(&g, "loss", {"w", "w2"});
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(Listing(g, forward), (std::vector<std::string>{
+                                     "ce.grad: cross_entropy_grad(logits, m, z, labels) -> (logits.grad)",
+                                     "fc.grad.da: matmul(logits.grad, w2) -> (p.grad)",
+                                     "fc.grad.view: identity(p, logits.grad) -> (p.2d, logits.grad.2d)",
+                                     "fc.grad.dw: matmul(p.2d, logits.grad.2d) -> (w2.grad)",
+                                     "pool.grad: max_pool2d_grad(p.grad, a) -> (a.grad)",
+                                     "relu.grad: relu_grad(a.grad, h) -> (h.grad)",
+                                     "conv.grad: conv2d_grad(h.grad, x, w) -> (x.grad, w.grad)",
+                                 }));
+  const Op& conv_grad = g.ops.back();
+  EXPECT_EQ(conv_grad.Attr("padding", 0), 1);  // the forward's attributes
+  EXPECT_EQ(conv_grad.flops, 2 * g.ops[0].flops);
+  EXPECT_EQ(r->grads.at("w"), "w.grad");
+  Program p;
+  p.name = "cnn";
+  p.graphs = {g};
+  p.roles = {Role{"spmd", "main", {0}}};
+  EXPECT_EQ(VerifyProgram(p), std::vector<std::string>{});
+}
+
 TEST(Autodiff, SumsTheGradientsOfATensorReadTwice) {
   // w1 feeds fc1 and, through a second matmul, a residual add: its
   // gradient is the sum of both contributions (one add op named after it).
@@ -203,9 +246,9 @@ TEST(Autodiff, EveryForwardTypeHasABackwardRuleAndNoGradientTypeDoes) {
     if (is_grad) EXPECT_EQ(info.backward, nullptr) << info.name;
     with += info.backward != nullptr;
   }
-  // 37 types: 12 gradient ops, adam, and the loss chain's reduce_max,
+  // The 15 gradient ops, adam, and the loss chain's reduce_max,
   // sum_exp and gather_target (cross_entropy's rule covers them) have none.
-  EXPECT_EQ(with, static_cast<int>(OpRegistry().size()) - 12 - 1 - 3);
+  EXPECT_EQ(with, static_cast<int>(OpRegistry().size()) - 15 - 1 - 3);
 }
 
 /// `model`'s one-rank program with its hand-written backward replaced by the

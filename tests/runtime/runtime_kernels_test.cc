@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "concerto/ir/op_registry.h"
+#include "concerto/ir/verifier.h"
 #include "concerto/runtime/kernels.h"
 
 namespace concerto {
@@ -580,6 +581,102 @@ TEST(RuntimeKernelGradients, MoeDispatchAndCombine) {
                   {cw[0], cin[0], id, cin[2]}, {buf, gates});
   ExpectGradient(combine, cin, cw, 0, g[0], "moe_combine_grad dy");
   ExpectGradient(combine, cin, cw, 2, g[1], "moe_combine_grad dgates");
+}
+
+// ---- convolutional networks ----------------------------------------------------
+
+/// 0.1 * (a random permutation of 0..n-1) - 0.05 (n - 1): values 0.1 apart
+/// and at least 0.05 from 0, so a finite difference of 1e-2 never changes a
+/// window's maximum nor crosses relu's kink.
+std::vector<float> Spaced(int64_t n, unsigned seed) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = 0.1f * static_cast<float>(i) - 0.05f * static_cast<float>(n) + 0.05f;
+  std::mt19937 gen(seed);
+  for (int64_t i = n - 1; i > 0; --i) std::swap(v[i], v[gen() % (i + 1)]);
+  return v;
+}
+
+TEST(RuntimeKernels, Conv2dAgainstTheDefinition) {
+  // x [1, 1, 3, 3] = 1..9, w [1, 1, 2, 2] = [[1, 0], [0, -1]], stride 1, no
+  // padding: y[p][q] = x[p][q] - x[p+1][q+1] = -4 everywhere (2 x 2).
+  // With padding 1 and stride 2: y [1, 1, 2, 2]; y[0][0] = 1*0 - x[0][0] = -1,
+  // y[0][1] = 0 - x[0][2] = -3, y[1][0] = 0 - x[2][0] = -7,
+  // y[1][1] = x[1][1] - x[2][2] = 5 - 9 = -4.
+  Tensor x = T("in0", {1, 1, 3, 3}), w = T("in1", {1, 1, 2, 2}), y = T("out0", {1, 1, 2, 2});
+  Values in = {{1, 2, 3, 4, 5, 6, 7, 8, 9}, {1, 0, 0, -1}};
+  EXPECT_EQ(Exec(MakeOp(ComputeType::kConv2d, 2, 1), {x, w}, in, {y})[0], (std::vector<float>{-4, -4, -4, -4}));
+  EXPECT_EQ(Exec(MakeOp(ComputeType::kConv2d, 2, 1, {{"stride", 2}, {"padding", 1}}), {x, w}, in, {y})[0],
+            (std::vector<float>{-1, -3, -7, -4}));
+}
+
+TEST(RuntimeKernels, MaxPool2dAgainstTheDefinition) {
+  // x [1, 1, 4, 4] = 0..15 row-major; kernel 2, stride 2: the bottom-right of
+  // each block, 5, 7, 13, 15. Kernel 3, stride 2, padding 1 (3 x ... windows
+  // clipped at the border): 5, 7, 13, 15 as well (padding never wins).
+  Tensor x = T("in0", {1, 1, 4, 4}), y = T("out0", {1, 1, 2, 2});
+  std::vector<float> v(16);
+  for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(i);
+  EXPECT_EQ(Exec(MakeOp(ComputeType::kMaxPool2d, 1, 1, {{"kernel", 2}}), {x}, {v}, {y})[0],
+            (std::vector<float>{5, 7, 13, 15}));
+  EXPECT_EQ(Exec(MakeOp(ComputeType::kMaxPool2d, 1, 1, {{"kernel", 3}, {"stride", 2}, {"padding", 1}}), {x}, {v}, {y})[0],
+            (std::vector<float>{5, 7, 13, 15}));
+}
+
+TEST(RuntimeKernelGradients, Relu) {
+  Tensor x = T("in0", {4, 6}), y = T("out0", {4, 6});
+  Values in = {Spaced(24, 31)};  // no value within 1e-2 of the kink
+  Values w = Weights({y}, 32);
+  auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kRelu, 1, 1), {x}, v, {y}); };
+  Values g = Exec(MakeOp(ComputeType::kReluGrad, 2, 1), {y, x}, {w[0], in[0]}, {x});
+  ExpectGradient(fwd, in, w, 0, g[0], "relu_grad");
+}
+
+TEST(RuntimeKernelGradients, Conv2dStridedPaddedNonSquare) {
+  // x [2, 3, 5, 4], w [4, 3, 3, 2], stride 2, padding 1: y [2, 4, 3, 3].
+  for (auto [stride, pad] : {std::pair{1, 0}, std::pair{2, 1}}) {
+    const int64_t p = (5 + 2 * pad - 3) / stride + 1, q = (4 + 2 * pad - 2) / stride + 1;
+    Tensor x = T("in0", {2, 3, 5, 4}), w = T("in1", {4, 3, 3, 2}), y = T("out0", {2, 4, p, q});
+    const std::map<std::string, double> attrs = {{"stride", stride}, {"padding", pad}};
+    Values in = {Random(120, 41), Random(72, 42)};
+    Values wt = Weights({y}, 43);
+    auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kConv2d, 2, 1, attrs), {x, w}, v, {y}); };
+    Values g = Exec(MakeOp(ComputeType::kConv2dGrad, 3, 2, attrs), {y, x, w}, {wt[0], in[0], in[1]}, {x, w});
+    const std::string label = "conv2d_grad stride " + std::to_string(stride) + " padding " + std::to_string(pad);
+    ExpectGradient(fwd, in, wt, 0, g[0], label + " dx");
+    ExpectGradient(fwd, in, wt, 1, g[1], label + " dw");
+  }
+}
+
+TEST(RuntimeKernelGradients, MaxPool2dOverlappingAndTiled) {
+  // Kernel 3, stride 2, padding 1 (windows overlap: an x element's gradient
+  // sums over every window it wins) and kernel 2, stride 2 (tiles).
+  for (auto [kernel, stride, pad] : {std::tuple{3, 2, 1}, std::tuple{2, 2, 0}}) {
+    const int64_t p = (6 + 2 * pad - kernel) / stride + 1, q = (5 + 2 * pad - kernel) / stride + 1;
+    Tensor x = T("in0", {2, 2, 6, 5}), y = T("out0", {2, 2, p, q});
+    const std::map<std::string, double> attrs = {{"kernel", kernel}, {"stride", stride}, {"padding", pad}};
+    Values in = {Spaced(120, 51)};
+    Values w = Weights({y}, 52);
+    auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kMaxPool2d, 1, 1, attrs), {x}, v, {y}); };
+    Values g = Exec(MakeOp(ComputeType::kMaxPool2dGrad, 2, 1, attrs), {y, x}, {w[0], in[0]}, {x});
+    ExpectGradient(fwd, in, w, 0, g[0], "max_pool2d_grad kernel " + std::to_string(kernel));
+  }
+}
+
+TEST(RuntimeKernels, ConvAndPoolShapeErrorsNameWhatIsWrong) {
+  Tensor x = T("x", {1, 3, 5, 5}), w = T("w", {8, 4, 3, 3}), y = T("y", {1, 8, 3, 3});
+  Op conv = MakeOp(ComputeType::kConv2d, 2, 1);
+  EXPECT_EQ(CheckComputeShapes(conv, {&x, &w}, {&y}),
+            "conv2d: input 0 'x' [1, 3, 5, 5] has 3 channels, input 1 'w' [8, 4, 3, 3] expects 4");
+  Tensor big = T("w", {8, 3, 7, 7});
+  EXPECT_EQ(CheckComputeShapes(conv, {&x, &big}, {&y}),
+            "conv2d: a 7x7 kernel with stride 1 and padding 0 does not fit input 0 'x' [1, 3, 5, 5]");
+  Tensor ok = T("w", {8, 3, 3, 3}), wrong = T("y", {1, 8, 5, 5});
+  EXPECT_NE(CheckComputeShapes(conv, {&x, &ok}, {&wrong}).find("must have shape [1, 8, 3, 3]"), std::string::npos);
+  Op pool = MakeOp(ComputeType::kMaxPool2d, 1, 1, {{"kernel", 2}, {"padding", 2}});
+  Tensor py = T("y", {1, 3, 4, 4});
+  EXPECT_EQ(CheckComputeShapes(pool, {&x}, {&py}), "max_pool2d: padding 2 is more than half the kernel 2");
+  Op nokernel = MakeOp(ComputeType::kMaxPool2d, 1, 1);
+  EXPECT_EQ(CheckComputeShapes(nokernel, {&x}, {&py}), "max_pool2d: missing attribute 'kernel'");
 }
 
 }  // namespace

@@ -58,6 +58,13 @@ enum class ComputeType {
   kMoeCombine,      // (y [E, G*C, h], ids, gates [G, n, k]) -> out [G, n, h]
   kMoeCombineGrad,  // (dout, y, ids, gates) -> (dy [E, G*C, h], dgates)
   kTranspose,       // (x) -> x with dims attrs.axis0 and attrs.axis1 swapped
+  // Convolutional networks (NCHW; docs/ir.md 1.6).
+  kRelu,            // (x) -> max(x, 0)
+  kReluGrad,        // (dy, x) -> dy * (x > 0)
+  kConv2d,          // (x [N, C, H, W], w [K, C, R, S]) -> y [N, K, P, Q]; attrs stride, padding
+  kConv2dGrad,      // (dy, x, w) -> (dx, dw)
+  kMaxPool2d,       // (x [N, C, H, W]) -> y [N, C, P, Q]; attrs kernel, stride, padding
+  kMaxPool2dGrad,   // (dy, x) -> dx (to the first maximum of each window)
 };
 
 int DTypeBytes(DType dtype);
