@@ -276,6 +276,23 @@ Graph ComputeZoo() {
   b.AddCompute(ComputeType::kMoeCombineGrad, {"ecomb", "ebuf", "eids", "gates"}, {"debuf", "dgates"});
   b.AddTensor("ebuf_t", {6, 4, 8});
   b.AddCompute(ComputeType::kTranspose, {"ebuf"}, {"ebuf_t"}, {{"axis0", 0}, {"axis1", 1}});
+  // Convolutional: img [2, 3, 6, 5] * filt [4, 3, 3, 2], stride 2, padding 1
+  // -> [2, 4, 3, 3]; relu; max_pool2d kernel 2 (stride 2) -> [2, 4, 1, 1].
+  b.AddTensor("img", {2, 3, 6, 5});
+  b.AddTensor("filt", {4, 3, 3, 2});
+  b.AddTensor("conv", {2, 4, 3, 3});
+  b.AddCompute(ComputeType::kConv2d, {"img", "filt"}, {"conv"}, {{"stride", 2}, {"padding", 1}});
+  b.AddTensor("dimg", {2, 3, 6, 5});
+  b.AddTensor("dfilt", {4, 3, 3, 2});
+  b.AddCompute(ComputeType::kConv2dGrad, {"conv", "img", "filt"}, {"dimg", "dfilt"}, {{"stride", 2}, {"padding", 1}});
+  b.AddTensor("act", {2, 4, 3, 3});
+  b.AddCompute(ComputeType::kRelu, {"conv"}, {"act"});
+  b.AddTensor("dact", {2, 4, 3, 3});
+  b.AddCompute(ComputeType::kReluGrad, {"act", "conv"}, {"dact"});
+  b.AddTensor("pooled", {2, 4, 1, 1});
+  b.AddCompute(ComputeType::kMaxPool2d, {"act"}, {"pooled"}, {{"kernel", 2}});
+  b.AddTensor("dpool", {2, 4, 3, 3});
+  b.AddCompute(ComputeType::kMaxPool2dGrad, {"pooled", "act"}, {"dpool"}, {{"kernel", 2}});
   return b.graph();
 }
 

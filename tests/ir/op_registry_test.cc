@@ -47,8 +47,8 @@ TEST(OpRegistry, KernelClassesForTheCostModelAndTheProfiler) {
     tensor_core += info.kernel_class == KernelClass::kTensorCore;
     streaming += info.kernel_class == KernelClass::kStreaming;
   }
-  EXPECT_EQ(tensor_core, 3);  // matmul, attention, attention_grad
-  EXPECT_EQ(streaming, 8);    // add, mul, scale, slice, concat, identity, cast, adam
+  EXPECT_EQ(tensor_core, 5);  // matmul, attention(_grad), conv2d(_grad)
+  EXPECT_EQ(streaming, 10);   // add, mul, scale, slice, concat, identity, cast, adam, relu(_grad)
   EXPECT_EQ(OpInfo(ComputeType::kAttentionGrad).kernel_class, KernelClass::kTensorCore);
   EXPECT_EQ(OpInfo(ComputeType::kAdam).kernel_class, KernelClass::kStreaming);
   EXPECT_EQ(OpInfo(ComputeType::kGelu).kernel_class, KernelClass::kVector);
