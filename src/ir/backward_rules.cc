@@ -318,6 +318,21 @@ Status Conv2d(const Op& fwd, BackwardBuilder& b) {
   return Status::Ok();
 }
 
+// batch_norm(x, gamma, beta) -> (y, mean, invstd):
+// batch_norm_grad(dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta). Only y
+// is differentiated (the statistics feed nothing differentiable).
+Status BatchNorm(const Op& fwd, BackwardBuilder& b) {
+  Result<std::string> dy = Dy(fwd, b);
+  if (!dy.ok()) return dy.status();
+  std::vector<std::string> grads;
+  for (const std::string& in : fwd.inputs) grads.push_back(Like(b, in + ".grad", in));
+  b.Emit("", ComputeType::kBatchNormGrad, {*dy, fwd.inputs[0], fwd.inputs[1], fwd.outputs[1], fwd.outputs[2]}, grads,
+         FlopsPerUnit(ComputeType::kBatchNormGrad) * Elems(b, fwd.inputs[0]), fwd.attrs);
+  for (size_t i = 0; i < fwd.inputs.size(); ++i)
+    if (b.NeedsGrad(fwd.inputs[i])) b.AddGrad(fwd.inputs[i], grads[i]);
+  return Status::Ok();
+}
+
 // max_pool2d(x) -> max_pool2d_grad(dy, x) -> dx, the forward's flops.
 Status MaxPool2d(const Op& fwd, BackwardBuilder& b) {
   Result<std::string> dy = Dy(fwd, b);

@@ -582,6 +582,35 @@ std::string CheckMaxPool2dGrad(const Operands& o) {
   return o.OutIs(0, o.In(1), "x's");
 }
 
+/// batch_norm's operands: x [N, C, ...] (rank >= 2) at input `x`, then
+/// per-channel vectors [C] at inputs `first_vec`..`first_vec + vecs - 1`.
+std::string CheckChannelVectors(const Operands& o, size_t x, size_t first_vec, size_t vecs) {
+  CONCERTO_SHAPE_CHECK(o.InRank(x, 2));
+  const Shape c = {o.In(x)[1]};
+  for (size_t i = first_vec; i < first_vec + vecs; ++i)
+    CONCERTO_SHAPE_CHECK(o.InIs(i, c, "one per channel of x"));
+  return "";
+}
+
+/// batch_norm: (x, gamma, beta) -> (y, mean, invstd).
+std::string CheckBatchNorm(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(3, 3));
+  CONCERTO_SHAPE_CHECK(CheckChannelVectors(o, 0, 1, 2));
+  CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(0), "x's"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(1, o.In(1), "one per channel"));
+  return o.OutIs(2, o.In(1), "one per channel");
+}
+
+/// batch_norm_grad: (dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta).
+std::string CheckBatchNormGrad(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(5, 3));
+  CONCERTO_SHAPE_CHECK(CheckChannelVectors(o, 1, 2, 3));
+  CONCERTO_SHAPE_CHECK(o.InIs(0, o.In(1), "x's"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(1), "x's"));
+  CONCERTO_SHAPE_CHECK(o.OutIs(1, o.In(2), "gamma's"));
+  return o.OutIs(2, o.In(2), "gamma's");
+}
+
 /// Copy: n -> n, pairwise the same shape and dtype.
 std::string CheckCopy(const Operands& o) {
   if (o.NumIn() != o.NumOut())
@@ -799,6 +828,17 @@ const std::vector<OpTypeInfo>& OpRegistry() {
        CONCERTO_RULE(CheckMaxPool2dGrad(o)), KernelClass::kVector,
        {{"kernel", true, true, 1, kAttrMax, true}, {"stride", false, true, 1, kAttrMax, true},
         {"padding", false, true, 0, kAttrMax, true}}, nullptr},
+      // mean, variance, normalise, scale and shift; the gradient: two channel
+      // sums and the three-term dx.
+      {T::kBatchNorm, "batch_norm",
+       "(x [N, C, ...], gamma [C], beta [C]) -> (y, mean [C], invstd [C]); attrs eps; statistics over all but dim 1",
+       8, "element of x",
+       CONCERTO_RULE(CheckBatchNorm(o)), KernelClass::kVector,
+       {{"eps"}}, nullptr, backward_rules::BatchNorm},
+      {T::kBatchNormGrad, "batch_norm_grad", "(dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta)", 12,
+       "element of x",
+       CONCERTO_RULE(CheckBatchNormGrad(o)), KernelClass::kVector,
+       {{"eps"}}, nullptr},
   };
   return registry;
 }

@@ -907,6 +907,73 @@ void MaxPool2dBackward(const Op& op, const std::vector<KernelArg>& in, const std
         }
 }
 
+// ---- batch norm (training: batch statistics) ----------------------------------
+
+/// x [N, C, rest...] viewed as [N, C, inner].
+struct ChannelView {
+  int64_t n, c, inner;
+};
+ChannelView Channels(const Tensor& x) {
+  const int64_t n = x.shape[0], c = x.shape[1];
+  const int64_t inner = n * c == 0 ? 0 : x.NumElements() / (n * c);
+  return {n, c, inner};
+}
+
+/// (x, gamma, beta) -> (y, mean, invstd): per channel over N and the
+/// spatial dims, biased variance, y = (x - mean) invstd gamma + beta.
+void BatchNormForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const ChannelView v = Channels(*in[0].meta);
+  const double eps = op.Attr("eps", 1e-5), count = static_cast<double>(v.n * v.inner);
+  const float* x = in[0].data;
+  for (int64_t c = 0; c < v.c; ++c) {
+    double sum = 0, sq = 0;
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t i = 0; i < v.inner; ++i) sum += x[(n * v.c + c) * v.inner + i];
+    const double mean = count > 0 ? sum / count : 0;
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t i = 0; i < v.inner; ++i) {
+        const double d = x[(n * v.c + c) * v.inner + i] - mean;
+        sq += d * d;
+      }
+    const double invstd = 1.0 / std::sqrt((count > 0 ? sq / count : 0) + eps);
+    out[1].data[c] = static_cast<float>(mean);
+    out[2].data[c] = static_cast<float>(invstd);
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t i = 0; i < v.inner; ++i) {
+        const int64_t at = (n * v.c + c) * v.inner + i;
+        out[0].data[at] = static_cast<float>((x[at] - mean) * invstd * in[1].data[c] + in[2].data[c]);
+      }
+  }
+}
+
+/// (dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta): with xhat = (x -
+/// mean) invstd and M elements per channel, dbeta = sum dy, dgamma = sum dy
+/// xhat, dx = gamma invstd (dy - dbeta / M - xhat dgamma / M).
+void BatchNormBackward(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const ChannelView v = Channels(*in[1].meta);
+  const double count = static_cast<double>(v.n * v.inner);
+  const float *dy = in[0].data, *x = in[1].data;
+  for (int64_t c = 0; c < v.c; ++c) {
+    const double mean = in[3].data[c], invstd = in[4].data[c], gamma = in[2].data[c];
+    double dbeta = 0, dgamma = 0;
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t i = 0; i < v.inner; ++i) {
+        const int64_t at = (n * v.c + c) * v.inner + i;
+        dbeta += dy[at];
+        dgamma += dy[at] * (x[at] - mean) * invstd;
+      }
+    out[1].data[c] = static_cast<float>(dgamma);
+    out[2].data[c] = static_cast<float>(dbeta);
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t i = 0; i < v.inner; ++i) {
+        const int64_t at = (n * v.c + c) * v.inner + i;
+        const double xhat = (x[at] - mean) * invstd;
+        out[0].data[at] =
+            static_cast<float>(gamma * invstd * (dy[at] - (dbeta + xhat * dgamma) / std::max(count, 1.0)));
+      }
+  }
+}
+
 /// The attribute checks of one op: the integer attributes of its registry
 /// entry within their bounds, then what the bounds cannot say.
 Status CheckAttrs(const Op& op, const std::vector<const Tensor*>& inputs) {
@@ -1043,6 +1110,8 @@ const std::vector<CpuKernel>& CpuKernels() {
       {T::kConv2dGrad, 3, 2, CONCERTO_KERNEL(Conv2dBackward(op, in, out))},
       {T::kMaxPool2d, 1, 1, CONCERTO_KERNEL(MaxPool2dForward(op, in, out))},
       {T::kMaxPool2dGrad, 2, 1, CONCERTO_KERNEL(MaxPool2dBackward(op, in, out))},
+      {T::kBatchNorm, 3, 3, CONCERTO_KERNEL(BatchNormForward(op, in, out))},
+      {T::kBatchNormGrad, 5, 3, CONCERTO_KERNEL(BatchNormBackward(in, out))},
   };
 #undef CONCERTO_KERNEL
   return kernels;

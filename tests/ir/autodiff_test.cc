@@ -131,19 +131,23 @@ TEST(Autodiff, EveryActivationEmitsItsOwnGradientType) {
 }
 
 TEST(Autodiff, DifferentiatesAConvolutionalNetwork) {
-  // x [2, 3, 6, 6] -> conv2d (w [4, 3, 3, 3], padding 1) -> relu ->
+  // x [2, 3, 6, 6] -> conv2d (w [4, 3, 3, 3], padding 1) -> batch_norm -> relu ->
   // max_pool2d (kernel 2) [2, 4, 3, 3] -> matmul (w2 [3, 5]) -> logits
   // [2, 4, 3, 5] -> cross-entropy. Backward: the loss chain, the matmul (its
   // weight gradient over 2-D views of the batched operands), then
-  // max_pool2d_grad, relu_grad and conv2d_grad (its dx unused: x needs none).
+  // max_pool2d_grad, relu_grad, batch_norm_grad and conv2d_grad (its dx
+  // unused: x needs none).
   Graph g;
   g.name = "main";
   g.tensors = {T("x", {2, 3, 6, 6}),  T("w", {4, 3, 3, 3}),  T("h", {2, 4, 6, 6}),         T("a", {2, 4, 6, 6}),
                T("p", {2, 4, 3, 3}),  T("w2", {3, 5}),       T("logits", {2, 4, 3, 5}),    T("labels", {2, 4, 3}, DType::kI32),
-               T("m", {2, 4, 3}),     T("z", {2, 4, 3}),     T("target", {2, 4, 3}),       T("loss", {})};
+               T("m", {2, 4, 3}),     T("z", {2, 4, 3}),     T("target", {2, 4, 3}),       T("loss", {}),
+               T("gamma", {4}),       T("beta", {4}),        T("hn", {2, 4, 6, 6}),        T("mean", {4}),
+               T("invstd", {4})};
   AddOp(g, "conv", ComputeType::kConv2d, {"x", "w"}, {"h"}, {{"padding", 1}});
   g.ops.back().flops = 2.0 * 2 * 4 * 6 * 6 * 3 * 3 * 3;
-  AddOp(g, "relu", ComputeType::kRelu, {"h"}, {"a"});
+  AddOp(g, "bn", ComputeType::kBatchNorm, {"h", "gamma", "beta"}, {"hn", "mean", "invstd"}, {{"eps", 1e-5}});
+  AddOp(g, "relu", ComputeType::kRelu, {"hn"}, {"a"});
   AddOp(g, "pool", ComputeType::kMaxPool2d, {"a"}, {"p"}, {{"kernel", 2}});
   AddOp(g, "fc", ComputeType::kMatmul, {"p", "w2"}, {"logits"});
   AddOp(g, "max", ComputeType::kReduceMax, {"logits"}, {"m"});
@@ -151,7 +155,7 @@ TEST(Autodiff, DifferentiatesAConvolutionalNetwork) {
   AddOp(g, "target", ComputeType::kGatherTarget, {"logits", "labels"}, {"target"});
   AddOp(g, "ce", ComputeType::kCrossEntropy, {"m", "z", "target"}, {"loss"});
   const size_t forward = g.ops.size();
-  Result<AutodiffResult> r = Differentiate(&g, "loss", {"w", "w2"});
+  Result<AutodiffResult> r = Differentiate(&g, "loss", {"w", "w2", "gamma", "beta"});
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(Listing(g, forward), (std::vector<std::string>{
                                      "ce.grad: cross_entropy_grad(logits, m, z, labels) -> (logits.grad)",
@@ -159,7 +163,8 @@ TEST(Autodiff, DifferentiatesAConvolutionalNetwork) {
                                      "fc.grad.view: identity(p, logits.grad) -> (p.2d, logits.grad.2d)",
                                      "fc.grad.dw: matmul(p.2d, logits.grad.2d) -> (w2.grad)",
                                      "pool.grad: max_pool2d_grad(p.grad, a) -> (a.grad)",
-                                     "relu.grad: relu_grad(a.grad, h) -> (h.grad)",
+                                     "relu.grad: relu_grad(a.grad, hn) -> (hn.grad)",
+                                     "bn.grad: batch_norm_grad(hn.grad, h, gamma, mean, invstd) -> (h.grad, gamma.grad, beta.grad)",
                                      "conv.grad: conv2d_grad(h.grad, x, w) -> (x.grad, w.grad)",
                                  }));
   const Op& conv_grad = g.ops.back();
@@ -246,9 +251,9 @@ TEST(Autodiff, EveryForwardTypeHasABackwardRuleAndNoGradientTypeDoes) {
     if (is_grad) EXPECT_EQ(info.backward, nullptr) << info.name;
     with += info.backward != nullptr;
   }
-  // The 15 gradient ops, adam, and the loss chain's reduce_max,
+  // The 16 gradient ops, adam, and the loss chain's reduce_max,
   // sum_exp and gather_target (cross_entropy's rule covers them) have none.
-  EXPECT_EQ(with, static_cast<int>(OpRegistry().size()) - 15 - 1 - 3);
+  EXPECT_EQ(with, static_cast<int>(OpRegistry().size()) - 16 - 1 - 3);
 }
 
 /// `model`'s one-rank program with its hand-written backward replaced by the

@@ -293,6 +293,17 @@ Graph ComputeZoo() {
   b.AddCompute(ComputeType::kMaxPool2d, {"act"}, {"pooled"}, {{"kernel", 2}});
   b.AddTensor("dpool", {2, 4, 3, 3});
   b.AddCompute(ComputeType::kMaxPool2dGrad, {"pooled", "act"}, {"dpool"}, {{"kernel", 2}});
+  b.AddTensor("bn_g", {4});
+  b.AddTensor("bn_b", {4});
+  b.AddTensor("bn", {2, 4, 3, 3});
+  b.AddTensor("bn_mean", {4});
+  b.AddTensor("bn_invstd", {4});
+  b.AddCompute(ComputeType::kBatchNorm, {"conv", "bn_g", "bn_b"}, {"bn", "bn_mean", "bn_invstd"}, {{"eps", 1e-5}});
+  b.AddTensor("bn_dx", {2, 4, 3, 3});
+  b.AddTensor("bn_dg", {4});
+  b.AddTensor("bn_db", {4});
+  b.AddCompute(ComputeType::kBatchNormGrad, {"bn", "conv", "bn_g", "bn_mean", "bn_invstd"}, {"bn_dx", "bn_dg", "bn_db"},
+               {{"eps", 1e-5}});
   return b.graph();
 }
 

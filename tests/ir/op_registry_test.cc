@@ -14,7 +14,7 @@ namespace {
 
 TEST(OpRegistry, OneEntryPerComputeTypeInEnumOrder) {
   const std::vector<OpTypeInfo>& r = OpRegistry();
-  ASSERT_EQ(r.size(), static_cast<size_t>(ComputeType::kMaxPool2dGrad) + 1);
+  ASSERT_EQ(r.size(), static_cast<size_t>(ComputeType::kBatchNormGrad) + 1);
   std::set<std::string_view> names;
   for (size_t i = 0; i < r.size(); ++i) {
     EXPECT_EQ(static_cast<size_t>(r[i].type), i);
@@ -132,8 +132,9 @@ TEST(OpRegistry, ShardingRulesLabelOperandDimensions) {
   int without = 0;
   for (const OpTypeInfo& info : OpRegistry()) without += info.sharding == nullptr;
   // top_k(_grad), moe_dispatch/combine(_grad), transpose; conv2d(_grad) and
-  // max_pool2d(_grad) (no rule yet: their spatial dims need halos).
-  EXPECT_EQ(without, 11);
+  // max_pool2d(_grad) (no rule yet: their spatial dims need halos),
+  // batch_norm(_grad) (a sharded batch needs the statistics' all-reduce).
+  EXPECT_EQ(without, 13);
   EXPECT_EQ(OpInfo(ComputeType::kTranspose).sharding, nullptr);
 }
 

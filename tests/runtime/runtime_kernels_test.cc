@@ -662,6 +662,34 @@ TEST(RuntimeKernelGradients, MaxPool2dOverlappingAndTiled) {
   }
 }
 
+TEST(RuntimeKernels, BatchNormUsesTheBatchStatistics) {
+  // x [2, 2, 1, 2]: channel 0 holds 1, 3 (n=0) and 5, 7 (n=1): mean 4,
+  // biased variance (9 + 1 + 1 + 9) / 4 = 5; channel 1 is constant 2: mean 2,
+  // variance 0. eps 0: invstd 1/sqrt(5) and (eps 1e-5 for channel 1) 1/sqrt(1e-5).
+  Tensor x = T("in0", {2, 2, 1, 2}), g = T("in1", {2}), mean = T("out1", {2});
+  Values out = Exec(MakeOp(ComputeType::kBatchNorm, 3, 3, {{"eps", 1e-5}}), {x, g, g},
+                    {{1, 3, 2, 2, 5, 7, 2, 2}, {1, 1}, {0, 10}}, {x, mean, mean});
+  EXPECT_FLOAT_EQ(out[1][0], 4);
+  EXPECT_FLOAT_EQ(out[1][1], 2);
+  EXPECT_NEAR(out[2][0], 1 / std::sqrt(5 + 1e-5), 1e-6);
+  EXPECT_NEAR(out[0][0], -3 / std::sqrt(5 + 1e-5), 1e-5);  // (1 - 4) / sqrt(5)
+  EXPECT_FLOAT_EQ(out[0][2], 10);                            // channel 1: 0 * gamma + beta
+}
+
+TEST(RuntimeKernelGradients, BatchNormOverBatchAndSpatialDims) {
+  Tensor x = T("in0", {3, 2, 2, 3}), g = T("in1", {2}), y = T("out0", {3, 2, 2, 3}), c = T("out1", {2});
+  Values in = {Random(36, 61), Random(2, 62, 0.5, 1.5), Random(2, 63)};
+  Values w = {Random(36, 64), std::vector<float>(2, 0.0f), std::vector<float>(2, 0.0f)};  // only y is weighted
+  const std::map<std::string, double> attrs = {{"eps", 1e-5}};
+  auto fwd = [&](const Values& v) { return Exec(MakeOp(ComputeType::kBatchNorm, 3, 3, attrs), {x, g, g}, v, {y, c, c}); };
+  Values stats = fwd(in);
+  Values grads = Exec(MakeOp(ComputeType::kBatchNormGrad, 5, 3, attrs), {y, x, g, c, c},
+                      {w[0], in[0], in[1], stats[1], stats[2]}, {x, g, g});
+  ExpectGradient(fwd, in, w, 0, grads[0], "batch_norm_grad dx", 1e-3, 2e-3);
+  ExpectGradient(fwd, in, w, 1, grads[1], "batch_norm_grad dgamma", 1e-3, 2e-3);
+  ExpectGradient(fwd, in, w, 2, grads[2], "batch_norm_grad dbeta", 1e-3, 2e-3);
+}
+
 TEST(RuntimeKernels, ConvAndPoolShapeErrorsNameWhatIsWrong) {
   Tensor x = T("x", {1, 3, 5, 5}), w = T("w", {8, 4, 3, 3}), y = T("y", {1, 8, 3, 3});
   Op conv = MakeOp(ComputeType::kConv2d, 2, 1);
@@ -677,6 +705,9 @@ TEST(RuntimeKernels, ConvAndPoolShapeErrorsNameWhatIsWrong) {
   EXPECT_EQ(CheckComputeShapes(pool, {&x}, {&py}), "max_pool2d: padding 2 is more than half the kernel 2");
   Op nokernel = MakeOp(ComputeType::kMaxPool2d, 1, 1);
   EXPECT_EQ(CheckComputeShapes(nokernel, {&x}, {&py}), "max_pool2d: missing attribute 'kernel'");
+  Tensor gamma = T("gamma", {4}), stats = T("mean", {3});
+  EXPECT_EQ(CheckComputeShapes(MakeOp(ComputeType::kBatchNorm, 3, 3), {&x, &gamma, &gamma}, {&x, &stats, &stats}),
+            "batch_norm: input 1 'gamma' [4] must have shape [3] (one per channel of x)");
 }
 
 }  // namespace

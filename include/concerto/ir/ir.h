@@ -65,6 +65,8 @@ enum class ComputeType {
   kConv2dGrad,      // (dy, x, w) -> (dx, dw)
   kMaxPool2d,       // (x [N, C, H, W]) -> y [N, C, P, Q]; attrs kernel, stride, padding
   kMaxPool2dGrad,   // (dy, x) -> dx (to the first maximum of each window)
+  kBatchNorm,       // (x [N, C, ...], gamma [C], beta [C]) -> (y, mean [C], invstd [C]); attrs eps; batch statistics
+  kBatchNormGrad,   // (dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta)
 };
 
 int DTypeBytes(DType dtype);
