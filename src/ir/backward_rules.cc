@@ -194,18 +194,27 @@ Status LayerNorm(const Op& fwd, BackwardBuilder& b) { return Norm(fwd, b, Comput
 // rms_norm(x, gamma) -> rms_norm_grad(dy, x, gamma) -> (dx, dgamma).
 Status RmsNorm(const Op& fwd, BackwardBuilder& b) { return Norm(fwd, b, ComputeType::kRmsNormGrad); }
 
-// attention(q, k, v) -> o: attention_grad(do, q, k, v, o) -> (dq, dk, dv),
-// twice the forward's flops (the frontends' count).
-Status Attention(const Op& fwd, BackwardBuilder& b) {
+/// One gradient op of `grad_type` reading (dy, `saved`...) and writing a
+/// gradient per forward input (those no one needs stay unread), with the
+/// forward's attributes.
+static Status GradOfEveryInput(const Op& fwd, BackwardBuilder& b, ComputeType grad_type, std::vector<std::string> saved,
+                               double flops) {
   Result<std::string> dy = Dy(fwd, b);
   if (!dy.ok()) return dy.status();
   std::vector<std::string> grads;
   for (const std::string& in : fwd.inputs) grads.push_back(Like(b, in + ".grad", in));
-  b.Emit("", ComputeType::kAttentionGrad, {*dy, fwd.inputs[0], fwd.inputs[1], fwd.inputs[2], fwd.outputs[0]},
-         grads, 2.0 * fwd.flops, fwd.attrs);
+  saved.insert(saved.begin(), *dy);
+  b.Emit("", grad_type, saved, grads, flops, fwd.attrs);
   for (size_t i = 0; i < fwd.inputs.size(); ++i)
     if (b.NeedsGrad(fwd.inputs[i])) b.AddGrad(fwd.inputs[i], grads[i]);
   return Status::Ok();
+}
+
+// attention(q, k, v) -> o: attention_grad(do, q, k, v, o) -> (dq, dk, dv),
+// twice the forward's flops (the frontends' count).
+Status Attention(const Op& fwd, BackwardBuilder& b) {
+  return GradOfEveryInput(fwd, b, ComputeType::kAttentionGrad,
+                          {fwd.inputs[0], fwd.inputs[1], fwd.inputs[2], fwd.outputs[0]}, 2.0 * fwd.flops);
 }
 
 // embedding(table, ids) -> embedding_grad(dy, ids) -> dtable (ids: none).
@@ -307,30 +316,18 @@ Status Relu(const Op& fwd, BackwardBuilder& b) { return Unary(fwd, b, ComputeTyp
 // conv2d(x, w) -> conv2d_grad(dy, x, w) -> (dx, dw), twice the forward's
 // flops (the data and the weight gradient each cost one forward).
 Status Conv2d(const Op& fwd, BackwardBuilder& b) {
-  Result<std::string> dy = Dy(fwd, b);
-  if (!dy.ok()) return dy.status();
   const std::string &x = fwd.inputs[0], &w = fwd.inputs[1];
-  if (!b.NeedsGrad(x) && !b.NeedsGrad(w)) return Status::Ok();
-  std::string dx = Like(b, x + ".grad", x), dw = Like(b, w + ".grad", w);
-  b.Emit("", ComputeType::kConv2dGrad, {*dy, x, w}, {dx, dw}, 2.0 * fwd.flops, fwd.attrs);
-  if (b.NeedsGrad(x)) b.AddGrad(x, dx);
-  if (b.NeedsGrad(w)) b.AddGrad(w, dw);
-  return Status::Ok();
+  if (!b.NeedsGrad(x) && !b.NeedsGrad(w)) return Dy(fwd, b).status();
+  return GradOfEveryInput(fwd, b, ComputeType::kConv2dGrad, {x, w}, 2.0 * fwd.flops);
 }
 
 // batch_norm(x, gamma, beta) -> (y, mean, invstd):
 // batch_norm_grad(dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta). Only y
 // is differentiated (the statistics feed nothing differentiable).
 Status BatchNorm(const Op& fwd, BackwardBuilder& b) {
-  Result<std::string> dy = Dy(fwd, b);
-  if (!dy.ok()) return dy.status();
-  std::vector<std::string> grads;
-  for (const std::string& in : fwd.inputs) grads.push_back(Like(b, in + ".grad", in));
-  b.Emit("", ComputeType::kBatchNormGrad, {*dy, fwd.inputs[0], fwd.inputs[1], fwd.outputs[1], fwd.outputs[2]}, grads,
-         FlopsPerUnit(ComputeType::kBatchNormGrad) * Elems(b, fwd.inputs[0]), fwd.attrs);
-  for (size_t i = 0; i < fwd.inputs.size(); ++i)
-    if (b.NeedsGrad(fwd.inputs[i])) b.AddGrad(fwd.inputs[i], grads[i]);
-  return Status::Ok();
+  return GradOfEveryInput(fwd, b, ComputeType::kBatchNormGrad,
+                          {fwd.inputs[0], fwd.inputs[1], fwd.outputs[1], fwd.outputs[2]},
+                          FlopsPerUnit(ComputeType::kBatchNormGrad) * Elems(b, fwd.inputs[0]));
 }
 
 // max_pool2d(x) -> max_pool2d_grad(dy, x) -> dx, the forward's flops.

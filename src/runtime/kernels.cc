@@ -808,59 +808,60 @@ Window2d PoolWindow(const Op& op, const Tensor& x) {
   return {x.shape[0], x.shape[1], h, wd, k, k, stride, pad, (h + 2 * pad - k) / stride + 1, (wd + 2 * pad - k) / stride + 1};
 }
 
-/// y[n, k, p, q] = sum_{c, i, j} x[n, c, p*stride - pad + i, q*stride - pad + j] w[k, c, i, j]
-/// (zero outside x).
-void Conv2dForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
-  const Window2d g = ConvWindow(op, *in[0].meta, *in[1].meta);
-  const int64_t k_out = in[1].meta->shape[0];
-  const float *x = in[0].data, *w = in[1].data;
-  float* y = out[0].data;
+/// Calls fn(x_at, i, j) for every tap (i, j) of output position (p, q)'s
+/// window that falls inside x (padding taps are skipped); x_at is the tap's
+/// offset within one [H, W] plane.
+template <typename Fn>
+void ForEachTap(const Window2d& g, int64_t p, int64_t q, Fn fn) {
+  for (int64_t i = 0; i < g.r; ++i) {
+    const int64_t hi = p * g.stride - g.pad + i;
+    if (hi < 0 || hi >= g.h) continue;
+    for (int64_t j = 0; j < g.s; ++j) {
+      const int64_t wi = q * g.stride - g.pad + j;
+      if (wi >= 0 && wi < g.w) fn(hi * g.w + wi, i, j);
+    }
+  }
+}
+
+/// Calls fn(y_at, x_at, w_at) for every product of conv2d: output element
+/// y_at reads x_at times w_at (flat offsets, zero padding skipped).
+template <typename Fn>
+void ForEachConvProduct(const Window2d& g, int64_t k_out, Fn fn) {
+  const int64_t plane = g.h * g.w;
   for (int64_t n = 0; n < g.n; ++n)
     for (int64_t k = 0; k < k_out; ++k)
       for (int64_t p = 0; p < g.p; ++p)
         for (int64_t q = 0; q < g.q; ++q) {
-          double sum = 0;
+          const int64_t y_at = ((n * k_out + k) * g.p + p) * g.q + q;
           for (int64_t c = 0; c < g.c; ++c)
-            for (int64_t i = 0; i < g.r; ++i) {
-              const int64_t hi = p * g.stride - g.pad + i;
-              if (hi < 0 || hi >= g.h) continue;
-              for (int64_t j = 0; j < g.s; ++j) {
-                const int64_t wi = q * g.stride - g.pad + j;
-                if (wi < 0 || wi >= g.w) continue;
-                sum += static_cast<double>(x[((n * g.c + c) * g.h + hi) * g.w + wi]) *
-                       w[((k * g.c + c) * g.r + i) * g.s + j];
-              }
-            }
-          y[((n * k_out + k) * g.p + p) * g.q + q] = static_cast<float>(sum);
+            ForEachTap(g, p, q, [&](int64_t x_plane, int64_t i, int64_t j) {
+              fn(y_at, (n * g.c + c) * plane + x_plane, ((k * g.c + c) * g.r + i) * g.s + j);
+            });
         }
+}
+
+/// y[n, k, p, q] = sum_{c, i, j} x[n, c, p*stride - pad + i, q*stride - pad + j] w[k, c, i, j]
+/// (zero outside x), accumulated in double.
+void Conv2dForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const Window2d g = ConvWindow(op, *in[0].meta, *in[1].meta);
+  const float *x = in[0].data, *w = in[1].data;
+  std::vector<double> y(Numel(out[0]), 0.0);
+  ForEachConvProduct(g, in[1].meta->shape[0], [&](int64_t y_at, int64_t x_at, int64_t w_at) {
+    y[y_at] += static_cast<double>(x[x_at]) * w[w_at];
+  });
+  for (size_t i = 0; i < y.size(); ++i) out[0].data[i] = static_cast<float>(y[i]);
 }
 
 /// (dy, x, w) -> (dx, dw): each y element's dy scattered back to the x and
 /// w elements it read, accumulated in double.
 void Conv2dBackward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
   const Window2d g = ConvWindow(op, *in[1].meta, *in[2].meta);
-  const int64_t k_out = in[2].meta->shape[0];
   const float *dy = in[0].data, *x = in[1].data, *w = in[2].data;
   std::vector<double> dx(Numel(out[0]), 0.0), dw(Numel(out[1]), 0.0);
-  for (int64_t n = 0; n < g.n; ++n)
-    for (int64_t k = 0; k < k_out; ++k)
-      for (int64_t p = 0; p < g.p; ++p)
-        for (int64_t q = 0; q < g.q; ++q) {
-          const double d = dy[((n * k_out + k) * g.p + p) * g.q + q];
-          if (d == 0) continue;
-          for (int64_t c = 0; c < g.c; ++c)
-            for (int64_t i = 0; i < g.r; ++i) {
-              const int64_t hi = p * g.stride - g.pad + i;
-              if (hi < 0 || hi >= g.h) continue;
-              for (int64_t j = 0; j < g.s; ++j) {
-                const int64_t wi = q * g.stride - g.pad + j;
-                if (wi < 0 || wi >= g.w) continue;
-                const int64_t xi = ((n * g.c + c) * g.h + hi) * g.w + wi, wk = ((k * g.c + c) * g.r + i) * g.s + j;
-                dx[xi] += d * w[wk];
-                dw[wk] += d * x[xi];
-              }
-            }
-        }
+  ForEachConvProduct(g, in[2].meta->shape[0], [&](int64_t y_at, int64_t x_at, int64_t w_at) {
+    dx[x_at] += static_cast<double>(dy[y_at]) * w[w_at];
+    dw[w_at] += static_cast<double>(dy[y_at]) * x[x_at];
+  });
   for (size_t i = 0; i < dx.size(); ++i) out[0].data[i] = static_cast<float>(dx[i]);
   for (size_t i = 0; i < dw.size(); ++i) out[1].data[i] = static_cast<float>(dw[i]);
 }
@@ -868,17 +869,11 @@ void Conv2dBackward(const Op& op, const std::vector<KernelArg>& in, const std::v
 /// The flat index in x of the first maximum of output (n, c, p, q)'s window
 /// (padding never wins: it is outside x), or -1 for a window of padding only.
 int64_t PoolArgmax(const float* x, const Window2d& g, int64_t n, int64_t c, int64_t p, int64_t q) {
+  const int64_t base = (n * g.c + c) * g.h * g.w;
   int64_t best = -1;
-  for (int64_t i = 0; i < g.r; ++i) {
-    const int64_t hi = p * g.stride - g.pad + i;
-    if (hi < 0 || hi >= g.h) continue;
-    for (int64_t j = 0; j < g.s; ++j) {
-      const int64_t wi = q * g.stride - g.pad + j;
-      if (wi < 0 || wi >= g.w) continue;
-      const int64_t at = ((n * g.c + c) * g.h + hi) * g.w + wi;
-      if (best < 0 || x[at] > x[best]) best = at;
-    }
-  }
+  ForEachTap(g, p, q, [&](int64_t x_plane, int64_t, int64_t) {
+    if (best < 0 || x[base + x_plane] > x[best]) best = base + x_plane;
+  });
   return best;
 }
 

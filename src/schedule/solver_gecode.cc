@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <utility>
 #include <cstdlib>
 #include <cstdint>
 #include <limits>
@@ -123,7 +122,8 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
   /// capacity down; MemoryScale).
   void PostMemory(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset, int64_t scale) {
     if (problem.memory_capacity < 0 || problem.buffers.empty()) return;
-    const auto [lo, hi] = MemorySpan(problem, prep, offset);
+    const int lo = static_cast<int>(std::min<int64_t>(0, MinBufferTime(problem) - offset));
+    const int hi = static_cast<int>(std::max<int64_t>(prep.horizon, MaxBufferTime(problem)) - offset);
     Gecode::IntVarArgs alloc, length, release;
     Gecode::IntArgs units;
     for (const WindowBuffer& b : problem.buffers) {
@@ -148,15 +148,6 @@ class WindowSpace : public Gecode::IntMinimizeSpace {
     if (alloc.size() > 0)
       Gecode::cumulative(*this, static_cast<int>(problem.memory_capacity / scale), alloc, length, release, units);
   }
-
- public:
-  /// The time span [lo, hi] of the memory model, shifted by `offset`.
-  static std::pair<int, int> MemorySpan(const WindowProblem& problem, const WindowPreparation& prep, int64_t offset) {
-    return {static_cast<int>(std::min<int64_t>(0, MinBufferTime(problem) - offset)),
-            static_cast<int>(std::max<int64_t>(prep.horizon, MaxBufferTime(problem)) - offset)};
-  }
-
- private:
   static int64_t MinBufferTime(const WindowProblem& problem) {
     int64_t t = 0;
     for (const WindowBuffer& b : problem.buffers) t = std::min({t, b.start, b.end});
