@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,8 +15,12 @@
 #include "concerto/driver/options.h"
 #include "concerto/ir/autodiff.h"
 #include "concerto/ir/json_io.h"
+#include "concerto/ir/op_registry.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/frontend.h"
+#include "concerto/lower/sharding_plan.h"
+#include "concerto/runtime/executor.h"
+#include "concerto/runtime/reference.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
@@ -43,8 +48,10 @@ T Take(Result<T> r) {
 /// nlohmann::json -> a Python object, through Python's json module (exact,
 /// and the dict is the CLI's --json to the key).
 py::object ToPython(const nlohmann::json& j) {
-  static py::object loads = py::module_::import("json").attr("loads");
-  return loads(j.dump());
+  // Leaked on purpose: a static py::object would be destroyed after the
+  // interpreter finalises, without the GIL.
+  static py::object* loads = new py::object(py::module_::import("json").attr("loads"));
+  return (*loads)(j.dump());
 }
 
 /// Options from a dict {name: number, "solver": str}; unknown names and
@@ -130,6 +137,25 @@ PYBIND11_MODULE(_concerto, m) {
   m.def("models", [] { return AllModelPresetNames(); }, "the model presets");
   m.def("clusters", [] { return ClusterPresetNames(); }, "the cluster presets");
   m.def("schedulers", [] { return SchedulerNames(); }, "the schedulers: the baselines and concerto");
+  m.def("op_types", [] {
+    py::list out;
+    for (const OpTypeInfo& info : OpRegistry()) {
+      py::dict d;
+      d["name"] = std::string(info.name);
+      d["signature"] = std::string(info.signature);
+      d["flops"] = info.flops;
+      d["flops_per"] = std::string(info.flops_per);
+      py::list attrs;
+      for (const AttrInfo& a : info.attrs) attrs.append(std::string(a.name));
+      d["attrs"] = attrs;
+      d["has_backward"] = info.backward != nullptr;
+      d["has_sharding_rule"] = info.sharding != nullptr;
+      out.append(d);
+    }
+    return out;
+  }, "the compute types of the op registry (docs/ir.md): name, signature, flops per `flops_per` (0: a formula), "
+     "attrs, whether autodiff and the partitioner have rules for it");
+
   m.def("options", [] {
     py::list out;
     for (const OptionSpec& s : OptionTable()) {
@@ -173,6 +199,59 @@ PYBIND11_MODULE(_concerto, m) {
   }, py::arg("program"), py::arg("cluster") = "a800-4x8", py::arg("schedulers") = std::vector<std::string>{},
         py::arg("options") = py::dict(), py::arg("profile") = "",
         "every scheduler (or those named) side by side: the dict of `concerto compare --json`");
+
+  m.def("execute", [](const Program& program, const std::string& scheduler, const std::string& cluster,
+                      const py::dict& options, std::map<std::string, std::vector<float>> inputs,
+                      const std::vector<std::string>& fetch, uint64_t seed) {
+    const JobSpec spec = Spec(program, cluster, scheduler, options, "");
+    py::dict out;
+    double loss = 0;
+    bool has_loss = false;
+    std::vector<std::pair<std::string, GlobalTensor>> fetched;
+    {
+      py::gil_scoped_release release;
+      JobResult job = Take(RunJob(spec));
+      const ScheduledProgram& sp = job.run.scheduled;
+      RunOptions run_options;
+      run_options.init.seed = seed;
+      run_options.init.values = std::move(inputs);
+      ExecutionResult run = Take(RunInProcess(sp, run_options));
+      if (Result<double> l = StepLoss(sp, run); l.ok()) {
+        loss = *l;
+        has_loss = true;
+      }
+      for (const std::string& name : fetch) fetched.emplace_back(name, Take(GatherTensor(sp, run, name, {})));
+    }
+    out["loss"] = has_loss ? py::object(py::float_(loss)) : py::object(py::none());
+    py::dict tensors;
+    for (auto& [name, gt] : fetched) {
+      py::dict t;
+      t["shape"] = gt.shape;
+      t["values"] = std::move(gt.values);
+      t["replica_error"] = gt.replica_error;
+      tensors[py::str(name)] = t;
+    }
+    out["tensors"] = tensors;
+    return out;
+  }, py::arg("program"), py::arg("scheduler") = "fifo", py::arg("cluster") = "a800-4x8",
+        py::arg("options") = py::dict(), py::arg("inputs") = std::map<std::string, std::vector<float>>{},
+        py::arg("fetch") = std::vector<std::string>{}, py::arg("seed") = InitOptions{}.seed,
+        "run one step for real on the CPU runtime (every rank in this process), scheduled by `scheduler`: "
+        "{'loss': the step loss (None without a cross_entropy), 'tensors': {name: {'shape', 'values', "
+        "'replica_error'}}} for the tensors named in `fetch`, gathered from the ranks' shards into global "
+        "tensors (row-major). `inputs` gives graph inputs' global values {name: flat list}; the rest are "
+        "generated from `seed` (docs/runtime.md)");
+
+  m.def("partition", [](const Program& unsharded, const std::string& sharding_json, const std::string& source) {
+    const ShardingPlan plan = Take(ParseShardingPlan(sharding_json, source));
+    PartitionReport report;
+    Program out = Take(PartitionProgram(unsharded, plan, &report));
+    py::dict inserted;
+    for (const auto& [what, n] : report.inserted) inserted[py::str(what)] = n;
+    return py::make_tuple(out, inserted);
+  }, py::arg("program"), py::arg("sharding"), py::arg("source") = "<sharding>",
+        "the SPMD partitioner (docs/frontends.md, 'Per-op sharding plans'): the unsharded one-rank `program` "
+        "under the sharding file's JSON text `sharding`: (the per-rank program, {inserted op type: count})");
 
   m.def("differentiate", [](Program program, const std::vector<std::pair<std::string, double>>& losses,
                             const std::vector<std::string>& wrt, const std::string& graph) {

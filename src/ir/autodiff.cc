@@ -118,6 +118,22 @@ class Autodiff : public BackwardBuilder {
     }
     return name;
   }
+  /// The graph input "const.zeros.<d0>x<d1>..." of `shape`, all zeros (the
+  /// runtime initialises every "const.zeros.*" tensor so), declared once.
+  std::string Zeros(const std::vector<int64_t>& shape, DType dtype) {
+    std::string name = "const.zeros.";
+    for (size_t i = 0; i < shape.size(); ++i) name += (i ? "x" : "") + std::to_string(shape[i]);
+    if (!tensors_.count(name)) {
+      Tensor t;
+      t.name = name;
+      t.shape = shape;
+      t.dtype = dtype;
+      t.sharding.assign(shape.size(), {});
+      tensors_[name] = g_.tensors.size();
+      g_.tensors.push_back(std::move(t));
+    }
+    return name;
+  }
   void Emit(const std::string& suffix, ComputeType type, std::vector<std::string> inputs,
             std::vector<std::string> outputs, double flops, std::map<std::string, double> attrs) override {
     Op op;
@@ -207,17 +223,26 @@ class Autodiff : public BackwardBuilder {
       std::sort(pieces.begin(), pieces.end(), [](const Contribution& a, const Contribution& b) { return a.start < b.start; });
       const Tensor& t = Get(tensor);
       const int axis = pieces[0].axis;
+      const int64_t extent = t.shape[static_cast<size_t>(axis)];
       int64_t at = 0;
       std::vector<std::string> names;
+      // Where no slice reads the tensor, its gradient is zero: a "const.zeros.*" block.
+      auto zeros_until = [&](int64_t end) {
+        if (end <= at) return;
+        std::vector<int64_t> gap = t.shape;
+        gap[static_cast<size_t>(axis)] = end - at;
+        names.push_back(Zeros(gap, t.dtype));
+        at = end;
+      };
       for (const Contribution& p : pieces) {
-        if (p.axis != axis || p.start != at)
-          return Status::Error("autodiff: the slices of '" + tensor + "' do not tile axis " + std::to_string(axis) +
-                               " (a gradient of a partial slice needs a pad op, which the IR does not have)");
+        if (p.axis != axis || p.start < at)
+          return Status::Error("autodiff: the slices of '" + tensor + "' overlap or lie on different axes (" +
+                               std::to_string(axis) + ", " + std::to_string(p.axis) + ")");
+        zeros_until(p.start);
         at += Get(p.grad).shape[static_cast<size_t>(axis)];
         names.push_back(p.grad);
       }
-      if (at != t.shape[static_cast<size_t>(axis)])
-        return Status::Error("autodiff: the slices of '" + tensor + "' do not cover axis " + std::to_string(axis));
+      zeros_until(extent);
       std::string full = names[0];
       if (names.size() > 1) {
         full = NewTensor(tensor + ".grad", t.shape, t.dtype);

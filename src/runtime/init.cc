@@ -283,10 +283,24 @@ Status FillGraphInput(const Graph& graph, const GraphIndex& index, int tensor_in
   Result<std::vector<int64_t>> indices = LogicalGlobalIndices(t, mesh, rank, options.layouts);
   if (!indices.ok()) return indices.status();
   const std::vector<int64_t>& g = indices.value();
+  if (auto given = options.values.find(key); given != options.values.end()) {
+    int64_t global_elements = 1;
+    for (int64_t d : GlobalShape(t, mesh)) global_elements *= d;
+    if (static_cast<int64_t>(given->second.size()) != global_elements)
+      return Status::Error("graph '" + graph.name + "': tensor '" + t.name + "': " +
+                           std::to_string(given->second.size()) + " values given for '" + key + "', its global shape has " +
+                           std::to_string(global_elements) + " elements");
+    for (size_t i = 0; i < g.size(); ++i) out[i] = given->second[static_cast<size_t>(g[i])];
+    return Status::Ok();
+  }
   const uint64_t base = Mix(options.seed) ^ HashString(key);
   // Constants of the Evoformer frontend (docs/evoformer.md, "Constant inputs").
   if (StartsWith(key, "const.ones.")) {
     std::fill(out, out + g.size(), 1.0f);
+    return Status::Ok();
+  }
+  if (StartsWith(key, "const.zeros.")) {
+    std::fill(out, out + g.size(), 0.0f);
     return Status::Ok();
   }
   if (StartsWith(key, "const.perm.")) {

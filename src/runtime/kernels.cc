@@ -101,6 +101,14 @@ double GeluDeriv(double x) {
   const double t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
   return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * kGeluC * (1 + 3 * kGeluA * x * x);
 }
+constexpr double kInvSqrt2 = 0.7071067811865476;
+constexpr double kInvSqrt2Pi = 0.3989422804014327;
+/// The exact gelu, x Phi(x) (PyTorch's default, approximate='none').
+double GeluExact(double x) { return 0.5 * x * (1 + std::erf(x * kInvSqrt2)); }
+/// d exact gelu / dx = Phi(x) + x phi(x).
+double GeluExactDeriv(double x) {
+  return 0.5 * (1 + std::erf(x * kInvSqrt2)) + x * kInvSqrt2Pi * std::exp(-0.5 * x * x);
+}
 /// 1 / (1 + exp(-x)).
 double Sigmoid(double x) { return 1 / (1 + std::exp(-x)); }
 /// x sigmoid(x).
@@ -1066,8 +1074,11 @@ const std::vector<CpuKernel>& CpuKernels() {
       {T::kMul, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double x, double y) { return x * y; }))},
       {T::kScale, 1, 1, CONCERTO_KERNEL(const double s = op.Attr("scale", 1);
                                         Unary(in, out, [s](double x) { return x * s; }))},
-      {T::kGelu, 1, 1, CONCERTO_KERNEL(Unary(in, out, Gelu))},
-      {T::kGeluGrad, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double dy, double x) { return dy * GeluDeriv(x); }))},
+      {T::kGelu, 1, 1, CONCERTO_KERNEL(if (op.Attr("exact", 0) != 0) Unary(in, out, GeluExact);
+                                       else Unary(in, out, Gelu))},
+      {T::kGeluGrad, 2, 1, CONCERTO_KERNEL(
+           if (op.Attr("exact", 0) != 0) Binary(in, out, [](double dy, double x) { return dy * GeluExactDeriv(x); });
+           else Binary(in, out, [](double dy, double x) { return dy * GeluDeriv(x); }))},
       {T::kSilu, 1, 1, CONCERTO_KERNEL(Unary(in, out, Silu))},
       {T::kSiluGrad, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double dy, double x) { return dy * SiluDeriv(x); }))},
       {T::kSwiglu, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double g, double up) { return Silu(g) * up; }))},

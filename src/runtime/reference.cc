@@ -8,6 +8,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <set>
 
 #include "concerto/runtime/kernels.h"
@@ -186,22 +187,24 @@ Result<double> StepLoss(const ScheduledProgram& sp, const ExecutionResult& run) 
   return sum / count;
 }
 
-Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const ExecutionResult& run,
-                                    const std::string& op_name, bool output, int position,
-                                    const std::vector<SegmentedLayout>& layouts) {
+namespace {
+
+/// Assembles a global tensor from the ranks' shards: `name_on` gives the
+/// name of the tensor on a rank's graph ("" when that rank has none, an
+/// error for a malformed request); `what` names the request in messages.
+Result<GlobalTensor> GatherShards(const ScheduledProgram& sp, const ExecutionResult& run, const std::string& what,
+                                  const std::function<Result<std::string>(const Graph&)>& name_on,
+                                  const std::vector<SegmentedLayout>& layouts) {
   const Program& p = sp.program;
   GlobalTensor gt;
   std::vector<char> filled;
   bool found = false;
   for (const RankTensors& rt : run.ranks) {
     const Graph& g = p.GraphOf(p.roles[p.RoleOfRank(rt.rank)]);
-    const int oi = FindOp(g, op_name);
-    if (oi < 0) continue;
-    const Op& op = g.ops[oi];
-    const std::vector<std::string>& names = output ? op.outputs : op.inputs;
-    if (position >= static_cast<int>(names.size()))
-      return Status::Error("op '" + op_name + "' has no " + (output ? "output " : "input ") + std::to_string(position));
-    const Tensor& t = FindTensor(g, names[position]);
+    Result<std::string> name = name_on(g);
+    if (!name.ok()) return name.status();
+    if (name->empty()) continue;
+    const Tensor& t = FindTensor(g, *name);
     if (!t.partial.empty())
       return Status::Error("tensor '" + t.name + "' holds a partial sum; it has no global value");
     const std::vector<int64_t> shape = GlobalShape(t, p.mesh);
@@ -229,10 +232,36 @@ Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const ExecutionR
       }
     }
   }
-  if (!found) return Status::Error("no rank of program '" + p.name + "' has an op named '" + op_name + "'");
+  if (!found) return Status::Error("no rank of program '" + p.name + "' has " + what);
   if (std::find(filled.begin(), filled.end(), 0) != filled.end())
-    return Status::Error("op '" + op_name + "': the ranks' shards do not cover its global tensor");
+    return Status::Error(what + ": the ranks' shards do not cover its global tensor");
   return gt;
+}
+
+}  // namespace
+
+Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const ExecutionResult& run,
+                                    const std::string& op_name, bool output, int position,
+                                    const std::vector<SegmentedLayout>& layouts) {
+  auto name_on = [&](const Graph& g) -> Result<std::string> {
+    const int oi = FindOp(g, op_name);
+    if (oi < 0) return std::string();
+    const std::vector<std::string>& names = output ? g.ops[oi].outputs : g.ops[oi].inputs;
+    if (position >= static_cast<int>(names.size()))
+      return Status::Error("op '" + op_name + "' has no " + (output ? "output " : "input ") + std::to_string(position));
+    return names[position];
+  };
+  return GatherShards(sp, run, "an op named '" + op_name + "'", name_on, layouts);
+}
+
+Result<GlobalTensor> GatherTensor(const ScheduledProgram& sp, const ExecutionResult& run,
+                                  const std::string& tensor_name, const std::vector<SegmentedLayout>& layouts) {
+  auto name_on = [&](const Graph& g) -> Result<std::string> {
+    for (const Tensor& t : g.tensors)
+      if (t.name == tensor_name) return tensor_name;
+    return std::string();
+  };
+  return GatherShards(sp, run, "a tensor named '" + tensor_name + "'", name_on, layouts);
 }
 
 Result<ReferenceReport> CompareToReference(const ScheduledProgram& ref_sp, const ExecutionResult& ref_run,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,11 @@ struct InitOptions {
   /// Logical layouts of fused tensors (applied when initialising and when
   /// gathering shards into global tensors).
   std::vector<SegmentedLayout> layouts;
+  /// Values given for graph inputs, by InitKey: the logical global tensor
+  /// (row-major, GlobalShape's element count), used instead of generated
+  /// values on every rank (each takes its elements). The Python bridge
+  /// feeds a PyTorch module's parameters, buffers and data through it.
+  std::map<std::string, std::vector<float>> values;
 };
 
 /// The global identity a tensor is initialised from: its name without a
@@ -54,7 +60,8 @@ Result<std::vector<int64_t>> LogicalGlobalIndices(const Tensor& tensor, const Me
 /// the global position along the last dim for a tensor keyed "positions";
 /// ".adam_m"/".adam_v" optimizer states are 0; ".gamma" is 1 + 0.1 u,
 /// ".beta" 0.1 u, every other float input 0.05 u with u uniform in [-1, 1)
-/// from (seed, key, logical global index).
+/// from (seed, key, logical global index). A key in `options.values` takes
+/// its elements from there instead (an error when the sizes differ).
 Status FillGraphInput(const Graph& graph, const GraphIndex& index, int tensor_index,
                       const Mesh& mesh, int rank, const InitOptions& options, float* out);
 

@@ -68,6 +68,12 @@ Result<GlobalTensor> GatherOpTensor(const ScheduledProgram& sp, const ExecutionR
                                     const std::string& op_name, bool output, int position,
                                     const std::vector<SegmentedLayout>& layouts);
 
+/// Gathers the tensor called `tensor_name` from every rank whose graph has
+/// one (a graph input, an intermediate or an output) into its logical global
+/// tensor. Errors as GatherOpTensor's; no rank has such a tensor.
+Result<GlobalTensor> GatherTensor(const ScheduledProgram& sp, const ExecutionResult& run,
+                                  const std::string& tensor_name, const std::vector<SegmentedLayout>& layouts);
+
 /// Compares `run` of `sp` to `ref_run` of the unsharded `ref_sp` (same model
 /// and global data): the loss, then for every Adam op of the reference (by
 /// op name) its gradient input and its updated parameter. Ok with the
