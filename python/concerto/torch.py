@@ -536,24 +536,47 @@ class Captured:
         return out
 
     def partition(self, plan=None, sharding=None):
-        """This step under a plan, as a Program: `plan` "dp=N" (the example inputs and labels
-        split on dim 0, everything else replicated: data parallel), or `sharding`, a sharding
-        file's dict or JSON text (docs/frontends.md, 'Per-op sharding plans')."""
+        """This step under a plan, as a Program.
+
+        `plan` "dp=N[,zero=1|2|3]" builds the data-parallel step as DDP and DeepSpeed run it:
+        every rank runs the captured graph on its 1/N of the batch (captured again at that
+        batch), the gradients are all-reduced; with zero=1 or 2 they are reduce-scattered, each
+        rank updates its 1/N of every parameter (its own optimizer state and parameter shard)
+        and all-gathers the result (the two stages give the same program: they differ in when
+        DeepSpeed frees the full gradients, which is not modelled apart); with zero=3 only the
+        1/N shards are kept, all-gathered before the forward and again before the backward. A parameter whose dim 0 does not divide by N is all-reduced and
+        updated whole. Batch norm keeps per-rank statistics, as torch's BatchNorm under DDP
+        (no SyncBatchNorm).
+
+        `sharding` (a sharding file's dict or JSON text, docs/frontends.md 'Per-op sharding
+        plans') runs the SPMD partitioner on the unsharded step instead: any mesh and tensor
+        shardings, every collective derived, the same values as the unsharded step (batch
+        norm's batch is then gathered)."""
         if (plan is None) == (sharding is None):
             raise Error("partition: give exactly one of plan= and sharding=")
-        if plan is not None:
-            m = re.fullmatch(r"\s*dp\s*=\s*(\d+)\s*", plan)
-            if not m or int(m.group(1)) < 1:
-                raise Error("partition: plan '%s': only 'dp=N' is understood here (use sharding= for others)" % plan)
-            dp = int(m.group(1))
-            tensors = {}
-            for name in list(self.inputs) + [self.labels]:
-                rank = len(self.program_tensor(name)["shape"])
-                tensors[name] = [["dp"]] + [[] for _ in range(rank - 1)]
-            sharding = {"mesh": {"dp": dp}, "default": "replicated", "tensors": tensors}
-        text = sharding if isinstance(sharding, str) else json.dumps(sharding)
-        program, _ = _concerto.partition(self.program, text, "<%s>" % (plan or "sharding"))
-        return program
+        if sharding is not None:
+            text = sharding if isinstance(sharding, str) else json.dumps(sharding)
+            program, _ = _concerto.partition(self.program, text, "<sharding>")
+            return program
+        fields = {}
+        for part in plan.split(","):
+            m = re.fullmatch(r"\s*(dp|zero)\s*=\s*(\d+)\s*", part)
+            if not m:
+                raise Error("partition: plan '%s': '%s' is not dp=N or zero=1|2|3 (use sharding= for other plans)"
+                            % (plan, part.strip()))
+            fields[m.group(1)] = int(m.group(2))
+        dp, zero = fields.get("dp", 1), fields.get("zero", 0)
+        if dp < 1 or zero not in (0, 1, 2, 3):
+            raise Error("partition: plan '%s': dp must be >= 1 and zero one of 0, 1, 2, 3" % plan)
+        xs, ys = self._example
+        for i, x in enumerate(list(xs) + [ys]):
+            if x.dim() == 0 or x.shape[0] % dp:
+                raise Error("partition: plan '%s': the batch (dim 0 of %s, %s) is not divisible by dp=%d"
+                            % (plan, "input %d" % i if i < len(xs) else "the labels",
+                               x.shape[0] if x.dim() else "a scalar", dp))
+        rows = ys.shape[0] // dp
+        local = self._recapture(tuple(x[:rows] for x in xs), ys[:rows])
+        return _data_parallel(local, dp, zero, _numel(ys.shape), plan)
 
     def program_tensor(self, name):
         for t in self.program.to_dict()["graphs"][0]["tensors"]:
@@ -566,8 +589,20 @@ class Captured:
         module's parameter values: {'loss': float, 'grads': {param: tensor}, 'updated': {param:
         tensor}} with torch tensors shaped like the parameters."""
         named = dict(module.named_parameters())
-        fetch = list(self.grads.values()) + list(self.updated.values())
-        r = _concerto.execute(program or self.program, scheduler=scheduler, cluster=cluster, options=options or {},
+        program = program or self.program
+        # The gradient each Adam op reads and the value it writes (a partitioned program
+        # reduces a partial gradient into a new tensor first).
+        adam = {}
+        for g in program.to_dict()["graphs"]:
+            for op in g["ops"]:
+                if op.get("type") == "adam":
+                    adam[op["name"]] = (op["inputs"][1], op["outputs"][0])
+        grads, updated = {}, {}
+        for p, ir in self.params.items():
+            if ir + ".adam" in adam:
+                grads[p], updated[p] = adam[ir + ".adam"]
+        fetch = list(grads.values()) + list(updated.values())
+        r = _concerto.execute(program, scheduler=scheduler, cluster=cluster, options=options or {},
                               inputs=self.values(module, example_inputs, labels), fetch=fetch)
 
         def tensor(ir, like):
@@ -575,8 +610,114 @@ class Captured:
             return torch.tensor(got["values"], dtype=torch.float32).reshape(like.shape)
 
         return {"loss": r["loss"],
-                "grads": {p: tensor(g, named[p]) for p, g in self.grads.items()},
-                "updated": {p: tensor(u, named[p]) for p, u in self.updated.items()}}
+                "grads": {p: tensor(g, named[p]) for p, g in grads.items()},
+                "updated": {p: tensor(u, named[p]) for p, u in updated.items()}}
+
+
+def _data_parallel(local, dp, zero, label_count, plan):
+    """The program of `local` (a capture at the per-rank batch) on `dp` ranks: inputs and labels
+    split on dim 0, each gradient synchronised before its Adam op (Captured.partition)."""
+    d = local.program.to_dict()
+    g = d["graphs"][0]
+    d["name"] = "%s.%s" % (d["name"], plan.replace(" ", "").replace(",", "."))
+    d["mesh"] = {"axes": [{"name": "dp", "size": dp}]}
+    d["roles"] = [{"name": "spmd", "graph": g["name"], "ranks": list(range(dp))}]
+    g["streams"] = list(g["streams"]) + ["comm.dp"]
+    tensors = {t["name"]: t for t in g["tensors"]}
+    for name in list(local.inputs) + [local.labels]:
+        tensors[name]["sharding"] = [["dp"]] + [[] for _ in tensors[name]["shape"][1:]]
+    ops, next_id = g["ops"], max(op["id"] for op in g["ops"]) + 1
+    for op in ops:  # the mean over the global batch: each rank's gradient is its share of the sum
+        if op.get("type") == "cross_entropy_grad":
+            op["attrs"]["denominator"] = float(label_count)
+    adam = {op["name"]: op for op in ops if op.get("type") == "adam"}
+    new_ops, after = [], {}  # ops to insert right after the op with a given name
+
+    def declare(name, like, shape=None, sharded=False, partial=False):
+        shape = list(shape if shape is not None else tensors[like]["shape"])
+        t = {"name": name, "shape": shape, "dtype": tensors[like]["dtype"],
+             "sharding": [["dp"] if (sharded and i == 0) else [] for i in range(len(shape))],
+             "partial": ["dp"] if partial else []}
+        g["tensors"].append(t)
+        tensors[name] = t
+        return name
+
+    def collective(name, kind, src, dst, phase, purpose):
+        nonlocal next_id
+        op = {"id": next_id, "name": name, "kind": "collective", "stream": "comm.dp", "collective": kind,
+              "reduce": "sum", "group": {"axes": ["dp"]}, "inputs": [src], "outputs": [dst],
+              "tags": {"phase": phase, "layer": -1, "microbatch": 0, "purpose": purpose}}
+        next_id += 1
+        return op
+
+    producer = {}
+    for op in ops:
+        for o in op["outputs"]:
+            producer[o] = op["name"]
+    for pname, ir in local.params.items():
+        op = adam.get(ir + ".adam")
+        if op is None:
+            continue
+        grad = op["inputs"][1]
+        shape = tensors[ir]["shape"]
+        tensors[grad]["partial"] = ["dp"]
+        split = zero >= 1 and shape and shape[0] % dp == 0
+        if not split:  # DDP: the gradient all-reduced, the whole parameter updated everywhere
+            red = declare(grad + ".ar", grad)
+            after.setdefault(producer[grad], []).append(collective(grad + ".ar", "all_reduce", grad, red, "bwd", "grad_sync"))
+            op["inputs"][1] = red
+            continue
+        sshape = [shape[0] // dp] + list(shape[1:])
+        red = declare(grad + ".rs", grad, sshape, sharded=True)
+        after.setdefault(producer[grad], []).append(collective(grad + ".rs", "reduce_scatter", grad, red, "bwd", "grad_sync"))
+        for k in (2, 3):  # the Adam moments: 1/dp each
+            tensors[op["inputs"][k]]["shape"] = sshape
+            tensors[op["inputs"][k]]["sharding"] = [["dp"]] + [[] for _ in sshape[1:]]
+            tensors[op["outputs"][k - 1]]["shape"] = sshape
+            tensors[op["outputs"][k - 1]]["sharding"] = [["dp"]] + [[] for _ in sshape[1:]]
+        shard = declare(ir + ".shard", ir, sshape, sharded=True)
+        op["inputs"][1] = red
+        nxt = op["outputs"][0]
+        op["outputs"][0] = declare(ir + ".shard.next", nxt, sshape, sharded=True)
+        if len(op["inputs"]) > 4:  # the fp32 master copy
+            for lst, k in ((op["inputs"], 4), (op["outputs"], 3)):
+                tensors[lst[k]]["shape"] = sshape
+                tensors[lst[k]]["sharding"] = [["dp"]] + [[] for _ in sshape[1:]]
+        op["inputs"][0] = shard
+        if zero in (1, 2):  # the parameter stays whole; Adam updates this rank's shard (its own state), gathered after
+            after.setdefault(op["name"], []).append(collective(ir + ".ag", "all_gather", op["outputs"][0], nxt, "opt",
+                                                               "param_gather"))
+        else:  # zero=3: only the shard is an input; gathered before the forward and the backward
+            tensors[ir]["shape"] = shape
+            users = [o for o in ops if ir in o["inputs"] and o is not op]
+            fwd = [o for o in users if o["tags"]["phase"] == "fwd"]
+            bwd = [o for o in users if o["tags"]["phase"] != "fwd"]
+            for phase, group, target in (("fwd", fwd, ir), ("bwd", bwd, declare(ir + ".bwd", ir))):
+                if not group:
+                    continue
+                for o in group:
+                    o["inputs"] = [target if i == ir else i for i in o["inputs"]]
+                new_ops.append((group[0]["name"], collective(ir + ".ag." + phase, "all_gather", shard, target, phase,
+                                                             "param_gather")))
+            # the shard is the graph input now; the whole parameter is produced by the gather
+            tensors[ir]["sharding"] = [[] for _ in shape]
+            tensors[nxt]["shape"] = shape
+            g["tensors"] = [t for t in g["tensors"] if t["name"] != nxt]
+            del tensors[nxt]
+    before = {}
+    for name, o in new_ops:
+        before.setdefault(name, []).append(o)
+    out = []
+    for op in ops:
+        out.extend(before.get(op["name"], []))
+        out.append(op)
+        out.extend(after.get(op["name"], []))
+    g["ops"] = out
+    program = _concerto.parse_program(json.dumps(d), "<%s of %s>" % (plan, d["name"]))
+    problems = program.verify()
+    if problems:
+        raise Error("partition: plan '%s': the program does not verify: %s" % (plan, "; ".join(problems[:3])))
+    return program
 
 
 def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=None, lr=1e-3,
@@ -615,7 +756,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     PythonKeyTracer.record_stack_traces = True
     try:
         with torch.no_grad():
-            gm = make_fx(step)(params, buffers, *example_inputs)
+            gm = make_fx(step, tracing_mode="fake")(params, buffers, *example_inputs)
     finally:
         PythonKeyTracer.record_stack_traces = saved
     nodes = list(gm.graph.nodes)
@@ -737,7 +878,9 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     graph.op("loss.max", "reduce_max", [lname], [m])
     graph.op("loss.sum_exp", "sum_exp", [lname, m], [z])
     graph.op("loss.target", "gather_target", [lname, lab], [tgt], 0)
-    graph.op("loss", "cross_entropy", [m, z, tgt], [loss], attrs={"denominator": float(_numel(rows))})
+    # No denominator attribute: each rank's loss is the mean over its own rows (the step loss
+    # averages them) and the partitioner gives the gradient the global count.
+    graph.op("loss", "cross_entropy", [m, z, tgt], [loss])
 
     doc = {"format": "concerto-ir", "version": 1, "name": name or type(module).__name__,
            "mesh": {"axes": []},
@@ -784,5 +927,9 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     problems = program.verify()
     if problems:
         raise Error("capture: the captured program does not verify: %s" % "; ".join(problems[:3]))
-    return Captured(program, ir_params, param_grads, updated, ir_inputs, lab, loss, constants)
+    cap = Captured(program, ir_params, param_grads, updated, ir_inputs, lab, loss, constants)
+    cap._recapture = lambda xs, ys: capture(module, xs, ys, loss_fn=loss_fn, name=name, lr=lr, betas=betas, eps=eps,
+                                            dtype=dtype)
+    cap._example = (example_inputs, labels)
+    return cap
 

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace concerto {
@@ -290,6 +291,77 @@ Result<ShardingSignature> Identity(const Op& op, const ShardingRuleContext& ctx)
       if (x0 < a.size() && y0 >= b.size()) sig.whole[sig.in[i][x0]] = true;
     }
   }
+  sig.linear = Sig::Linear::kPairwise;
+  return sig;
+}
+
+/// conv2d: x [n, c, h, w] * w [k, c, r, s] -> y [n, k, p, q], c contracted;
+/// conv2d_grad: (dy [n, k, p, q], x, w) -> (dx [n, c, h, w], dw [k, c, r, s]),
+/// dx summed over k, dw over n (the data-parallel weight gradient). The batch
+/// and the channels split freely; the spatial dims stay whole (no halo exchange).
+Result<ShardingSignature> Conv2d(const Op& op, const ShardingRuleContext&) {
+  Sig sig = Sized(op);
+  const int n = sig.NewLabel(), c = sig.NewLabel(), k = sig.NewLabel();
+  const int h = sig.NewLabel(true), w = sig.NewLabel(true), r = sig.NewLabel(true), s = sig.NewLabel(true);
+  const int p = sig.NewLabel(true), q = sig.NewLabel(true);
+  const std::vector<int> x = {n, c, h, w}, wt = {k, c, r, s}, y = {n, k, p, q};
+  if (op.compute_type == ComputeType::kConv2dGrad) {
+    sig.in = {y, x, wt};
+    sig.out = {x, wt};
+  } else {
+    sig.in = {x, wt};
+    sig.out = {y};
+    sig.linear = Sig::Linear::kOne;
+  }
+  return sig;
+}
+
+/// max_pool2d: x [n, c, h, w] -> y [n, c, p, q]; its gradient (dy, x) -> dx.
+/// Batch and channels split freely; the windows' spatial dims stay whole.
+Result<ShardingSignature> Pool2d(const Op& op, const ShardingRuleContext&) {
+  Sig sig = Sized(op);
+  const int n = sig.NewLabel(), c = sig.NewLabel();
+  const int h = sig.NewLabel(true), w = sig.NewLabel(true), p = sig.NewLabel(true), q = sig.NewLabel(true);
+  const std::vector<int> x = {n, c, h, w}, y = {n, c, p, q};
+  if (op.compute_type == ComputeType::kMaxPool2dGrad) {
+    sig.in = {y, x};
+    sig.out = {x};
+  } else {
+    sig.in = {x};
+    sig.out = {y};
+  }
+  return sig;
+}
+
+/// batch_norm and its gradient: the channel dim (1) splits freely and the
+/// rank-1 operands (gamma, beta, mean, invstd and their gradients) carry it;
+/// every other dim stays whole, since the statistics run over them (a
+/// batch-sharded input is gathered first: the IR has no sync-BN statistics
+/// all-reduce yet, and per-rank statistics would change the step).
+Result<ShardingSignature> BatchNorm(const Op& op, const ShardingRuleContext& ctx) {
+  Sig sig = Sized(op);
+  const size_t x = op.compute_type == ComputeType::kBatchNormGrad ? 1 : 0;
+  const size_t rank = RankOf(ctx, op.inputs[x]);
+  std::vector<int> dims;
+  for (size_t d = 0; d < rank; ++d) dims.push_back(sig.NewLabel(d != 1));
+  const int c = dims.size() > 1 ? dims[1] : dims[0];
+  for (size_t i = 0; i < sig.in.size(); ++i) sig.in[i] = RankOf(ctx, op.inputs[i]) == 1 ? std::vector<int>{c} : dims;
+  for (size_t o = 0; o < sig.out.size(); ++o)
+    sig.out[o] = RankOf(ctx, op.outputs[o]) == 1 ? std::vector<int>{c} : dims;
+  return sig;
+}
+
+/// transpose: y's labels are x's with dims axis0 and axis1 swapped; every
+/// dim splits freely (each rank transposes its block); linear.
+Result<ShardingSignature> Transpose(const Op& op, const ShardingRuleContext& ctx) {
+  Sig sig = Sized(op);
+  Fresh(sig, RankOf(ctx, op.inputs[0]), &sig.in[0]);
+  sig.out[0] = sig.in[0];
+  const auto a0 = static_cast<size_t>(op.Attr("axis0", 0)), a1 = static_cast<size_t>(op.Attr("axis1", 0));
+  if (a0 >= sig.out[0].size() || a1 >= sig.out[0].size())
+    return Status::Error("transpose axes " + std::to_string(a0) + ", " + std::to_string(a1) + " outside rank " +
+                         std::to_string(sig.out[0].size()));
+  std::swap(sig.out[0][a0], sig.out[0][a1]);
   sig.linear = Sig::Linear::kPairwise;
   return sig;
 }

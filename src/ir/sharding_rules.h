@@ -21,5 +21,9 @@ Result<ShardingSignature> CrossEntropyGrad(const Op& op, const ShardingRuleConte
 Result<ShardingSignature> Slice(const Op& op, const ShardingRuleContext& ctx);
 Result<ShardingSignature> Concat(const Op& op, const ShardingRuleContext& ctx);
 Result<ShardingSignature> Identity(const Op& op, const ShardingRuleContext& ctx);
+Result<ShardingSignature> Transpose(const Op& op, const ShardingRuleContext& ctx);
+Result<ShardingSignature> Conv2d(const Op& op, const ShardingRuleContext& ctx);
+Result<ShardingSignature> Pool2d(const Op& op, const ShardingRuleContext& ctx);
+Result<ShardingSignature> BatchNorm(const Op& op, const ShardingRuleContext& ctx);
 
 }  // namespace concerto::sharding_rules

@@ -131,11 +131,12 @@ TEST(OpRegistry, ShardingRulesLabelOperandDimensions) {
   // Types the frontends emit already sharded have no rule; the rest have one.
   int without = 0;
   for (const OpTypeInfo& info : OpRegistry()) without += info.sharding == nullptr;
-  // top_k(_grad), moe_dispatch/combine(_grad), transpose; conv2d(_grad) and
-  // max_pool2d(_grad) (no rule yet: their spatial dims need halos),
-  // batch_norm(_grad) (a sharded batch needs the statistics' all-reduce).
-  EXPECT_EQ(without, 13);
-  EXPECT_EQ(OpInfo(ComputeType::kTranspose).sharding, nullptr);
+  // top_k(_grad), moe_dispatch/combine(_grad) (the frontends emit them sharded).
+  EXPECT_EQ(without, 6);
+  EXPECT_EQ(OpInfo(ComputeType::kTopK).sharding, nullptr);
+  for (ComputeType t : {ComputeType::kTranspose, ComputeType::kConv2d, ComputeType::kConv2dGrad, ComputeType::kMaxPool2d,
+                        ComputeType::kMaxPool2dGrad, ComputeType::kBatchNorm, ComputeType::kBatchNormGrad})
+    EXPECT_NE(OpInfo(t).sharding, nullptr) << OpInfo(t).name;
 }
 
 }  // namespace
