@@ -7,7 +7,8 @@ PKGS=(g++ make cmake ninja-build pkg-config
       nlohmann-json3-dev libcli11-dev libfmt-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libgecode-dev coinor-libcbc-dev libopenblas-dev
-      openmpi-bin libopenmpi-dev python3 python3-dev python3-pybind11)
+      openmpi-bin libopenmpi-dev python3 python3-dev python3-pybind11
+      python3-torch python3-torchvision)
 # Extra packages a target needs (make fuzz: clang, with libFuzzer).
 PKGS+=("$@")
 missing=()

@@ -65,14 +65,17 @@ class _Unsupported(Exception):
 
 def _source_line(node):
     """'file:line `code`' of the innermost frame outside torch and this file, from the stack
-    torch.fx recorded for `node` ('' when none was recorded)."""
-    trace = node.stack_trace or ""
-    frames = re.findall(r'File "([^"]+)", line (\d+), in [^\n]*\n\s*([^\n]*)', trace)
-    for path, line, code in reversed(frames):
-        p = os.path.abspath(path)
-        if p.startswith(_TORCH_DIR) or p == _THIS_FILE:
+    torch.fx recorded for `node` (innermost frame first; '' when none was recorded)."""
+    lines = (node.stack_trace or "").splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in ', line)
+        if not m:
             continue
-        return "%s:%s `%s`" % (os.path.relpath(p) if not p.startswith("/usr") else p, line, code.strip())
+        path = os.path.abspath(m.group(1))
+        if path.startswith(_TORCH_DIR) or path == _THIS_FILE or m.group(1).startswith("<"):
+            continue
+        code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].lstrip().startswith("File ") else ""
+        return "%s:%s%s" % (m.group(1), m.group(2), " `%s`" % code if code else "")
     return ""
 
 

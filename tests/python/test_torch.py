@@ -1,0 +1,257 @@
+"""The PyTorch bridge (concerto.torch, docs/python.md "PyTorch models"): a captured step run on
+the CPU runtime equals torch's own autograd and torch.optim.Adam; unsupported ops fail naming
+the node and its source line; the captured full-size models' flops equal a hand count.
+
+Runs only where python3-torch and python3-torchvision are installed (scripts/setup.sh installs
+them; CMake adds this test when they import)."""
+import collections
+import copy
+import math
+import unittest
+
+import torch
+import torchvision
+
+import concerto
+import concerto.torch as ct
+
+LR = 1e-3
+
+
+class TinyGpt(torch.nn.Module):
+    """A plain-PyTorch GPT block: token embedding + learned positions, causal attention (an
+    additive mask buffer), a GELU MLP, a final norm and the vocabulary head."""
+
+    def __init__(self, vocab=50, seq=8, dim=16, heads=2):
+        super().__init__()
+        self.heads = heads
+        self.tok = torch.nn.Embedding(vocab, dim)
+        self.pos = torch.nn.Parameter(torch.randn(seq, dim) * 0.1)
+        self.ln1, self.ln2, self.lnf = torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim), torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+        self.fc1, self.fc2 = torch.nn.Linear(dim, 4 * dim), torch.nn.Linear(4 * dim, dim)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        self.register_buffer("mask", torch.triu(torch.full((seq, seq), -1e4), 1))
+
+    def forward(self, ids):
+        b, s = ids.shape
+        x = self.tok(ids) + self.pos
+        h = self.ln1(x)
+        q, k, v = self.qkv(h).split(h.shape[-1], dim=-1)
+        q, k, v = (t.view(b, s, self.heads, -1).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]) + self.mask
+        o = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, s, -1)
+        x = x + self.proj(o)
+        x = x + self.fc2(torch.nn.functional.gelu(self.fc1(self.ln2(x))))
+        return self.head(self.lnf(x))
+
+
+def tiny_vit():
+    return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                                                hidden_dim=16, mlp_dim=32, num_classes=10)
+
+
+def reduced_wide_resnet():
+    """wide_resnet50_2's blocks (Bottleneck, width 2x), one per stage, for 64x64 images."""
+    from torchvision.models.resnet import Bottleneck, ResNet
+    return ResNet(Bottleneck, [1, 1, 1, 1], num_classes=10, width_per_group=128)
+
+
+def randomize(module, seed):
+    """Weights away from torch's init (the ViT's zero head would hide its gradients)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            spread = p.std().item() if p.numel() > 1 and p.std().item() > 0 else 0.1
+            p.add_((torch.rand(p.shape, generator=g) - 0.5) * spread)
+
+
+def torch_step(module, xs, labels, chunks=1):
+    """Loss, gradients and Adam-updated parameters of one step in torch, computed in float64 on a
+    copy of `module` (returned as float32): torch's own fp32 kernels round differently from each
+    other (its mkldnn convolution and batch norm gradients of the wide ResNet are 2e-3 off their
+    float64 values where the runtime, which accumulates in double, is 4e-7 off), so the reference
+    is the exact step and the runtime is held to fp32 tolerances of it. With chunks > 1 the batch
+    is split as DDP splits it over ranks (each chunk its own forward, batch norm statistics
+    included; the gradients averaged)."""
+    module = copy.deepcopy(module).double()
+    xs = [x.double() if x.is_floating_point() else x for x in xs]
+    module.zero_grad()
+    losses = []
+    for i in range(chunks):
+        part = [x.chunk(chunks)[i] for x in xs]
+        out = module(*part)
+        loss = torch.nn.functional.cross_entropy(out.flatten(0, -2), labels.chunk(chunks)[i].flatten()) / chunks
+        loss.backward()
+        losses.append(loss.item())
+    grads = {n: p.grad.float() for n, p in module.named_parameters()}
+    torch.optim.Adam(module.parameters(), lr=LR).step()
+    updated = {n: p.detach().float() for n, p in module.named_parameters()}
+    return sum(losses), grads, updated
+
+
+class NumericsTest(unittest.TestCase):
+    """One step on the CPU runtime against torch: loss, every gradient, every updated parameter."""
+
+    def check(self, make, xs, labels, plan=None, chunks=1, seed=0):
+        torch.manual_seed(seed)
+        module = make()
+        randomize(module, seed)
+        cap = ct.capture(module, xs, labels, lr=LR)
+        program = cap.partition(plan=plan) if plan else None
+        got = cap.run(module, xs, labels, program=program)
+        loss, grads, updated = torch_step(module, xs, labels, chunks)
+        self.assertAlmostEqual(got["loss"], loss, delta=1e-5 * max(1.0, abs(loss)))
+        self.assertEqual(sorted(got["grads"]), sorted(n for n, _ in module.named_parameters()))
+        for name, want in grads.items():
+            scale = want.abs().max().item()
+            err = (got["grads"][name] - want).abs().max().item()
+            self.assertLessEqual(err, 1e-4 * scale + 1e-7, "gradient of %s (%s): max error %g, max |g| %g"
+                                 % (name, plan, err, scale))
+            # Adam's first step moves each element by about lr * sign(g): where |g| is within
+            # fp32 noise of 0 (below 1e-3 of the tensor's largest) the sign is noise and the two
+            # updates may differ by up to 2 lr; everywhere else they must agree.
+            delta = (got["updated"][name] - updated[name]).abs()
+            resolved = want.abs() > 1e-3 * scale
+            if resolved.any():
+                self.assertLessEqual(delta[resolved].max().item(), 1e-6 + 1e-3 * LR, "update of %s (%s)" % (name, plan))
+            self.assertLessEqual(delta.max().item(), 2 * LR + 1e-6, "update of %s (%s)" % (name, plan))
+        return program
+
+    def test_vit(self):
+        torch.manual_seed(7)
+        x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+        self.check(tiny_vit, (x,), y)
+        p = self.check(tiny_vit, (x,), y, plan="dp=2")
+        kinds = collections.Counter(op.get("collective") for op in p.to_dict()["graphs"][0]["ops"])
+        self.assertEqual(p.num_ranks, 2)
+        self.assertEqual(kinds["all_reduce"], 32)  # one per parameter
+        p = self.check(tiny_vit, (x,), y, plan="dp=2,zero=3")
+        kinds = collections.Counter(op.get("collective") for op in p.to_dict()["graphs"][0]["ops"])
+        self.assertGreater(kinds["reduce_scatter"], 0)
+        self.assertGreater(kinds["all_gather"], kinds["reduce_scatter"])  # gathered for forward and backward
+
+    def test_vit_tensor_parallel_through_the_partitioner(self):
+        # Megatron's split of the MLP (fc1 by rows, fc2 by columns) as a sharding file.
+        x, y = torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,))
+        tp = {"mesh": {"tp": 2}, "default": "replicated", "tensors": {
+            "encoder.layers.*.mlp.0.weight": [["tp"], []], "encoder.layers.*.mlp.0.bias": [["tp"]],
+            "encoder.layers.*.mlp.3.weight": [[], ["tp"]]}}
+        torch.manual_seed(0)
+        module = tiny_vit()
+        randomize(module, 0)
+        cap = ct.capture(module, (x,), y, lr=LR)
+        program = cap.partition(sharding=tp)
+        got = cap.run(module, (x,), y, program=program)
+        loss, grads, _ = torch_step(module, (x,), y)
+        self.assertAlmostEqual(got["loss"], loss, delta=1e-5 * max(1.0, loss))
+        for name, want in grads.items():
+            self.assertLessEqual((got["grads"][name] - want).abs().max().item(), 1e-4 * want.abs().max().item() + 1e-7, name)
+        local = {t["name"]: t["shape"] for t in program.to_dict()["graphs"][0]["tensors"]}
+        self.assertEqual(local["encoder.layers.encoder_layer_0.mlp.0.weight"], [16, 16])  # 32 rows / 2
+
+    def test_wide_resnet(self):
+        # 4 images per rank under dp=2: with fewer, layer4's batch norm (2x2 maps) normalises over
+        # so few values that fp32 rounding is amplified past the tolerance.
+        torch.manual_seed(7)
+        x, y = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
+        self.check(reduced_wide_resnet, (x,), y)
+        # Under DDP each rank's batch norm sees its own half of the batch.
+        self.check(reduced_wide_resnet, (x,), y, plan="dp=2", chunks=2)
+        self.check(reduced_wide_resnet, (x,), y, plan="dp=2,zero=3", chunks=2)
+
+    def test_gpt_block(self):
+        torch.manual_seed(7)
+        ids, labels = torch.randint(0, 50, (2, 8)), torch.randint(0, 50, (2, 8))
+        self.check(TinyGpt, (ids,), labels)
+        self.check(TinyGpt, (ids,), labels, plan="dp=2")
+        self.check(TinyGpt, (ids,), labels, plan="dp=2,zero=1")
+        self.check(TinyGpt, (ids,), labels, plan="dp=2,zero=3")
+
+
+class Cumsum(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return torch.cumsum(self.fc(x), dim=1)  # no IR op for this
+
+
+class ErrorsTest(unittest.TestCase):
+    def test_unsupported_op_names_node_target_and_line(self):
+        with self.assertRaises(concerto.Error) as e:
+            ct.capture(Cumsum(), torch.randn(2, 4))
+        msg = str(e.exception)
+        self.assertNotIn("\n", msg)
+        self.assertRegex(msg, r"^capture: node 'cumsum' \(aten\.cumsum\.default\) at \S*test_torch\.py:\d+ "
+                              r"`return torch\.cumsum\(self\.fc\(x\), dim=1\)  # no IR op for this`: no mapping")
+
+    def test_bad_plans_and_labels(self):
+        cap = ct.capture(TinyGpt(), torch.randint(0, 50, (2, 8)))
+        with self.assertRaisesRegex(concerto.Error, r"not divisible by dp=3"):
+            cap.partition(plan="dp=3")
+        with self.assertRaisesRegex(concerto.Error, r"'tp=2' is not dp=N or zero"):
+            cap.partition(plan="dp=2,tp=2")
+        with self.assertRaisesRegex(concerto.Error, r"labels .*expected an integer tensor of shape \[2, 8\]"):
+            ct.capture(TinyGpt(), torch.randint(0, 50, (2, 8)), torch.zeros(2, dtype=torch.int64))
+        with self.assertRaisesRegex(concerto.Error, r"only cross entropy"):
+            ct.capture(TinyGpt(), torch.randint(0, 50, (2, 8)), loss_fn=torch.nn.functional.mse_loss)
+
+
+def forward_gemm_flops(program):
+    """Flops of the forward's matmul and conv2d ops (the tensor-core work)."""
+    return sum(op["flops"] for op in program.to_dict()["graphs"][0]["ops"]
+               if op.get("type") in ("matmul", "conv2d") and op["tags"]["phase"] == "fwd")
+
+
+class FullSizeFlopsTest(unittest.TestCase):
+    """The full-size torchvision models, captured at batch n = 2, against a hand count."""
+
+    def test_vit_b_16(self):
+        n, s, d, h, hd, m, layers, classes = 2, 197, 768, 12, 64, 3072, 12, 1000
+        cap = ct.capture(torchvision.models.vit_b_16(), torch.randn(n, 3, 224, 224), torch.zeros(n, dtype=torch.int64))
+        # patch embedding: a 16x16 stride-16 conv, 768 -> 768 per patch, 196 patches per image;
+        # its bias as a [768, 196] plane (ones-matmul, 2*768*196, once per step)
+        patch = 2 * n * 196 * d * (3 * 16 * 16) + 2 * d * 196
+        cls = 2 * n * d  # the class token expanded over the batch (ones-matmul)
+        per_layer = (2 * n * s * d * 3 * d       # q, k, v projections (in_proj)
+                     + 2 * (2 * n * h * s * s * hd)  # scores q k^T and probs @ v
+                     + 2 * n * s * d * d         # out_proj
+                     + 2 * (2 * n * s * d * m))  # mlp: fc1 and fc2
+        head = 2 * n * d * classes
+        want = patch + cls + layers * per_layer + head
+        self.assertEqual(forward_gemm_flops(cap.program), want)
+        # torchvision's table: 17.56 GFLOPS (multiply-adds) per image.
+        self.assertAlmostEqual(want / n / 2 / 1e9, 17.56, delta=0.02)
+
+    def test_wide_resnet50_2(self):
+        n, classes = 2, 1000
+        cap = ct.capture(torchvision.models.wide_resnet50_2(), torch.randn(n, 3, 224, 224),
+                         torch.zeros(n, dtype=torch.int64))
+
+        def conv(cin, cout, k, out_hw):
+            return 2 * n * cout * out_hw * out_hw * cin * k * k
+
+        total = conv(3, 64, 7, 112)  # stem: 7x7 stride 2 -> 112x112 (then a 3x3 stride-2 max pool -> 56)
+        cin, hw = 64, 56
+        for planes, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+            width, cout = planes * 2, planes * 4  # wide: the 3x3 conv twice as wide; expansion 4
+            for b in range(blocks):
+                s = stride if b == 0 else 1
+                out = hw // s
+                total += conv(cin, width, 1, hw)       # 1x1 reduce
+                total += conv(width, width, 3, out)    # 3x3 (stride here, torchvision's v1.5)
+                total += conv(width, cout, 1, out)     # 1x1 expand
+                if b == 0:
+                    total += conv(cin, cout, 1, out)   # downsample projection
+                cin, hw = cout, out
+        total += 2 * n * 2048 * 7 * 7  # global average pool as a ones-matmul over the 7x7 plane
+        total += 2 * n * 2048 * classes  # fc
+        self.assertEqual(forward_gemm_flops(cap.program), total)
+        # torchvision's table: 11.4 GFLOPS (multiply-adds) per image.
+        self.assertAlmostEqual(total / n / 2 / 1e9, 11.4, delta=0.05)
+
+
+if __name__ == "__main__":
+    unittest.main()
