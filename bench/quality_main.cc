@@ -52,6 +52,16 @@ const std::vector<Workload>& Workloads() {
   return w;
 }
 
+/// The vision presets (lower/vision.h), `--vision`: data parallel, ZeRO-3, and
+/// the ViT with tensor parallelism inside the node.
+const std::vector<Workload>& VisionWorkloads() {
+  static const std::vector<Workload> w = {
+      {"vit-b16", "dp=32"},         {"vit-b16", "zero=3,dp=32"},         {"vit-b16", "dp=16,tp=2"},
+      {"vit-h14", "dp=4,tp=8"},     {"wide-resnet50-2", "dp=32"},       {"wide-resnet50-2", "zero=3,dp=32"},
+  };
+  return w;
+}
+
 /// Seconds since `t0`.
 double Since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -352,10 +362,11 @@ int Main(int argc, char** argv) {
       only = argv[++i];
     } else if (!std::strcmp(argv[i], "--scaling") || !std::strcmp(argv[i], "--sweep") ||
                !std::strcmp(argv[i], "--bound-speed") || !std::strcmp(argv[i], "--stop-rule") ||
-               !std::strcmp(argv[i], "--batch") || !std::strcmp(argv[i], "--hard-windows")) {
+               !std::strcmp(argv[i], "--batch") || !std::strcmp(argv[i], "--hard-windows") ||
+               !std::strcmp(argv[i], "--vision")) {
       mode = argv[i];
     } else {
-      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--set OPTION=VALUE]... [--json] [--only MODEL (with --scaling: PLAN)] [--scaling | --sweep | --bound-speed | --stop-rule | --batch | --hard-windows]\n");
+      std::fprintf(stderr, "usage: concerto_quality [--time-budget S] [--set OPTION=VALUE]... [--json] [--only MODEL (with --scaling: PLAN)] [--scaling | --sweep | --bound-speed | --stop-rule | --batch | --hard-windows | --vision]\n");
       return 2;
     }
   }
@@ -370,7 +381,7 @@ int Main(int argc, char** argv) {
                "| T/LB plain | overlap eff. | peak GiB | search s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   double ratio_sum = 0, plain_ratio_sum = 0;
   int rows = 0;
-  for (const auto& w : Workloads()) {
+  for (const auto& w : mode == "--vision" ? VisionWorkloads() : Workloads()) {
     if (!only.empty() && w.model != only) continue;
     Result<Program> program = LowerModelPlan(w.model, w.plan);
     if (!program.ok()) {

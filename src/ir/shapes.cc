@@ -834,11 +834,11 @@ const std::vector<OpTypeInfo>& OpRegistry() {
        "(x [N, C, ...], gamma [C], beta [C]) -> (y, mean [C], invstd [C]); attrs eps; statistics over all but dim 1",
        8, "element of x",
        CONCERTO_RULE(CheckBatchNorm(o)), KernelClass::kVector,
-       {{"eps"}}, sharding_rules::BatchNorm, backward_rules::BatchNorm},
+       {{"eps"}, {"local_stats", false, true, 0, 1}}, sharding_rules::BatchNorm, backward_rules::BatchNorm},
       {T::kBatchNormGrad, "batch_norm_grad", "(dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta)", 12,
        "element of x",
        CONCERTO_RULE(CheckBatchNormGrad(o)), KernelClass::kVector,
-       {{"eps"}}, sharding_rules::BatchNorm},
+       {{"eps"}, {"local_stats", false, true, 0, 1}}, sharding_rules::BatchNorm},
   };
   return registry;
 }

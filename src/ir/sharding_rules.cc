@@ -334,16 +334,22 @@ Result<ShardingSignature> Pool2d(const Op& op, const ShardingRuleContext&) {
 }
 
 /// batch_norm and its gradient: the channel dim (1) splits freely and the
-/// rank-1 operands (gamma, beta, mean, invstd and their gradients) carry it;
-/// every other dim stays whole, since the statistics run over them (a
+/// rank-1 operands (gamma, beta, mean, invstd and their gradients) carry it.
+/// Every other dim stays whole, since the statistics run over them (a
 /// batch-sharded input is gathered first: the IR has no sync-BN statistics
-/// all-reduce yet, and per-rank statistics would change the step).
+/// all-reduce yet) -- unless `local_stats` is 1: then each rank normalises
+/// with the statistics of its own part (DDP's BatchNorm without
+/// SyncBatchNorm), the forward's mean and invstd are that rank's (not partial
+/// sums), and the gradient's dgamma and dbeta are partial over the batch.
 Result<ShardingSignature> BatchNorm(const Op& op, const ShardingRuleContext& ctx) {
   Sig sig = Sized(op);
-  const size_t x = op.compute_type == ComputeType::kBatchNormGrad ? 1 : 0;
+  const bool grad = op.compute_type == ComputeType::kBatchNormGrad;
+  const bool local = op.Attr("local_stats", 0) != 0;
+  const size_t x = grad ? 1 : 0;
   const size_t rank = RankOf(ctx, op.inputs[x]);
   std::vector<int> dims;
-  for (size_t d = 0; d < rank; ++d) dims.push_back(sig.NewLabel(d != 1));
+  for (size_t d = 0; d < rank; ++d) dims.push_back(sig.NewLabel(d != 1 && !local));
+  sig.no_output_partial = local && !grad;
   const int c = dims.size() > 1 ? dims[1] : dims[0];
   for (size_t i = 0; i < sig.in.size(); ++i) sig.in[i] = RankOf(ctx, op.inputs[i]) == 1 ? std::vector<int>{c} : dims;
   for (size_t o = 0; o < sig.out.size(); ++o)

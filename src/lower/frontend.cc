@@ -5,6 +5,7 @@
 #include "concerto/lower/evoformer.h"
 #include "concerto/lower/plan.h"
 #include "concerto/lower/transformer.h"
+#include "concerto/lower/vision.h"
 
 namespace concerto {
 
@@ -25,6 +26,12 @@ Result<Program> LowerModelPlan(const std::string& model, const std::string& plan
     if (!config.ok()) return config.status();
     return LowerEvoformer(*config, plan->dp, plan->dap);
   }
+  const std::vector<std::string> vision = VisionPresetNames();
+  if (std::find(vision.begin(), vision.end(), model) != vision.end()) {
+    Result<VisionConfig> config = VisionPreset(model);
+    if (!config.ok()) return config.status();
+    return LowerVision(*config, *plan);
+  }
   Result<ModelConfig> config = LoadModel(model);
   if (!config.ok()) return config.status();
   return LowerTransformer(*config, *plan);
@@ -33,6 +40,7 @@ Result<Program> LowerModelPlan(const std::string& model, const std::string& plan
 std::vector<std::string> AllModelPresetNames() {
   std::vector<std::string> names = ModelPresetNames();
   for (const auto& n : EvoformerPresetNames()) names.push_back(n);
+  for (const auto& n : VisionPresetNames()) names.push_back(n);
   return names;
 }
 

@@ -252,6 +252,23 @@ class FullSizeFlopsTest(unittest.TestCase):
         # torchvision's table: 11.4 GFLOPS (multiply-adds) per image.
         self.assertAlmostEqual(total / n / 2 / 1e9, 11.4, delta=0.05)
 
+    def test_presets_pinned_to_the_captures(self):
+        # The C++ vision frontend's presets (lower/vision.h) against the torchvision models they
+        # follow, at the preset's 32 images per rank: the same GEMM and convolution flops (the
+        # preset's fused `attention` op is the capture's two batched matmuls) and parameters.
+        for preset, make in (("vit-b16", torchvision.models.vit_b_16),
+                             ("wide-resnet50-2", torchvision.models.wide_resnet50_2)):
+            module = make()
+            cap = ct.capture(module, torch.randn(32, 3, 224, 224), torch.zeros(32, dtype=torch.int64))
+            lowered = concerto.lower(preset, "dp=1")
+            flops = sum(op["flops"] for op in lowered.to_dict()["graphs"][0]["ops"]
+                        if op.get("type") in ("matmul", "conv2d", "attention") and op["tags"]["phase"] == "fwd")
+            self.assertEqual(flops, forward_gemm_flops(cap.program), preset)
+            tensors = lowered.to_dict()["graphs"][0]["tensors"]
+            names = {t["name"] for t in tensors}
+            params = [t for t in tensors if t["name"] + ".adam_m" in names]
+            self.assertEqual(sum(math.prod(t["shape"]) for t in params), sum(p.numel() for p in module.parameters()))
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -27,6 +27,7 @@
 #include "concerto/lower/plan.h"
 #include "concerto/lower/sharding_plan.h"
 #include "concerto/lower/transformer.h"
+#include "concerto/lower/vision.h"
 #include "concerto/report/report.h"
 #include "concerto/schedule/window_solver.h"
 #include "concerto/runtime/launcher.h"
@@ -998,6 +999,18 @@ int RealMain(int argc, char** argv) {
       std::cout << fmt::format("{:<14} {:<6} {:>3} blocks, msa {} x {} residues, c_m {}, c_z {}, {:.2f}M parameters "
                                "(plans: dp, dap)\n",
                                name, "evoformer", e->blocks, e->n_seq, e->n_res, e->c_m, e->c_z, params / 1e6);
+    }
+    for (const auto& name : VisionPresetNames()) {
+      Result<VisionConfig> v = VisionPreset(name);
+      Result<int64_t> count = v.ok() ? VisionParameterCount(*v) : Result<int64_t>(v.status());
+      if (!count.ok()) continue;
+      const bool vit = v->kind == VisionConfig::Kind::kVit;
+      const std::string shape =
+          vit ? fmt::format("{:>3} layers, hidden {:>5}, {:>3} heads, patch {}", v->layers, v->hidden, v->heads, v->patch)
+              : fmt::format("blocks {}, width x{}", fmt::join(v->blocks, "-"), v->width_factor);
+      std::cout << fmt::format("{:<14} {:<6} {}, image {}, batch {}, {:.2f}M parameters (plans: dp, zero{})\n", name,
+                               vit ? "vit" : "resnet", shape, v->image, v->batch, static_cast<double>(*count) / 1e6,
+                               vit ? ", tp" : "");
     }
     return 0;
   }

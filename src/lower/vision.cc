@@ -1,0 +1,400 @@
+// Vision models (lower/vision.h): ViT and Wide ResNet forwards as
+// torchvision computes them, the autodiff backward, Adam, and a plan applied
+// by the SPMD partitioner.
+#include "concerto/lower/vision.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "concerto/ir/autodiff.h"
+#include "concerto/ir/op_registry.h"
+#include "concerto/lower/graph_builder.h"
+#include "concerto/lower/sharding_plan.h"
+#include "concerto/util/did_you_mean.h"
+
+namespace concerto {
+namespace {
+
+using lower::Attrs;
+using lower::GraphBuilder;
+using lower::Shape;
+using lower::Sharding;
+
+int64_t Elements(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+Sharding Whole(size_t rank) { return Sharding(rank); }
+
+/// Builds one forward; remembers the parameters (in creation order) and the
+/// loss. Names follow the module: "L3.attn.q.w", "s2.b0.conv1.w".
+class Forward {
+ public:
+  Forward(Graph* g, DType dtype) : b_(g), dtype_(dtype) {}
+
+  GraphBuilder& b() { return b_; }
+  const std::vector<std::string>& params() const { return params_; }
+
+  std::string Param(const std::string& name, Shape shape) {
+    params_.push_back(name);
+    const size_t r = shape.size();
+    return b_.AddTensor(name, std::move(shape), dtype_, Whole(r));
+  }
+  std::string Act(const std::string& name, Shape shape, DType dtype = DType::kF32) {
+    const size_t r = shape.size();
+    return b_.AddTensor(name, std::move(shape), dtype == DType::kF32 ? dtype_ : dtype, Whole(r));
+  }
+  const Shape& ShapeOf(const std::string& t) const { return b_.Get(t).shape; }
+
+  /// The runtime's all-ones constant [1, n] (docs/runtime.md), declared once.
+  std::string Ones(int64_t n) {
+    const std::string name = "const.ones." + std::to_string(n);
+    if (!ones_.count(name)) {
+      b_.AddTensor(name, {1, n}, dtype_, Whole(2));
+      ones_[name] = true;
+    }
+    return name;
+  }
+
+  std::string Reshape(const std::string& x, const std::string& name, Shape shape) {
+    std::string y = Act(name, std::move(shape));
+    b_.AddCompute(name, ComputeType::kIdentity, {x}, {y}, 0);
+    return y;
+  }
+
+  std::string Matmul(const std::string& name, const std::string& a, const std::string& w, bool ta = false,
+                     bool tb = false) {
+    const Shape& as = ShapeOf(a);
+    const Shape& ws = ShapeOf(w);
+    const int64_t m = ta ? as[as.size() - 1] : as[as.size() - 2], k = ta ? as[as.size() - 2] : as.back();
+    const int64_t n = tb ? ws[ws.size() - 2] : ws.back();
+    Shape out(as.begin(), as.end() - 2);
+    const int64_t batch = Elements(out);
+    out.push_back(m);
+    out.push_back(n);
+    std::string y = Act(name, out);
+    b_.AddCompute(name, ComputeType::kMatmul, {a, w}, {y}, 2.0 * batch * m * n * k,
+                  {{"transpose_a", ta ? 1 : 0}, {"transpose_b", tb ? 1 : 0}});
+    return y;
+  }
+
+  std::string Elementwise(const std::string& name, ComputeType type, std::vector<std::string> in,
+                          Attrs attrs = {}) {
+    std::string y = Act(name, ShapeOf(in[0]));
+    const double flops = FlopsPerUnit(type) * static_cast<double>(Elements(ShapeOf(in[0])));
+    b_.AddCompute(name, type, std::move(in), {y}, flops, std::move(attrs));
+    return y;
+  }
+
+  /// x @ w + bias (a Linear with w [in, out]).
+  std::string Linear(const std::string& name, const std::string& x, int64_t in, int64_t out) {
+    const std::string w = Param(name + ".w", {in, out});
+    const std::string bias = Param(name + ".b", {out});
+    return Elementwise(name + ".bias", ComputeType::kAdd, {Matmul(name, x, w), bias});
+  }
+
+  std::string LayerNorm(const std::string& name, const std::string& x, double eps) {
+    const int64_t h = ShapeOf(x).back();
+    return Elementwise(name, ComputeType::kLayerNorm, {x, Param(name + ".gamma", {h}), Param(name + ".beta", {h})},
+                       {{"eps", eps}});
+  }
+
+  /// conv2d without bias, then batch norm with per-rank statistics.
+  std::string ConvBn(const std::string& name, const std::string& x, int64_t cout, int k, int stride, int pad) {
+    const Shape& xs = ShapeOf(x);
+    const int64_t n = xs[0], cin = xs[1], h = xs[2];
+    const int64_t p = (h + 2 * pad - k) / stride + 1;
+    const std::string w = Param(name + ".conv.w", {cout, cin, k, k});
+    std::string y = Act(name + ".conv", {n, cout, p, p});
+    b_.AddCompute(name + ".conv", ComputeType::kConv2d, {x, w}, {y}, 2.0 * n * cout * p * p * cin * k * k,
+                  {{"stride", stride}, {"padding", pad}});
+    std::string z = Act(name + ".bn", {n, cout, p, p});
+    std::string mean = Act(name + ".bn.mean", {cout}, DType::kF32);
+    std::string invstd = Act(name + ".bn.invstd", {cout}, DType::kF32);
+    b_.AddCompute(name + ".bn", ComputeType::kBatchNorm,
+                  {y, Param(name + ".bn.gamma", {cout}), Param(name + ".bn.beta", {cout})}, {z, mean, invstd},
+                  FlopsPerUnit(ComputeType::kBatchNorm) * static_cast<double>(Elements(ShapeOf(y))),
+                  {{"eps", 1e-5}, {"local_stats", 1}});
+    return z;
+  }
+
+  /// The mean cross entropy of logits [N, C] against labels [N]; returns the loss.
+  std::string Loss(const std::string& logits, int64_t n) {
+    const std::string labels = b_.AddTensor("labels", {n}, DType::kI64, Whole(1));
+    std::string m = Act("loss.max", {n}, DType::kF32), z = Act("loss.sum_exp", {n}, DType::kF32);
+    std::string t = Act("loss.target", {n}, DType::kF32);
+    std::string loss = b_.AddTensor("loss", {}, DType::kF32, {});
+    const double elems = static_cast<double>(Elements(ShapeOf(logits)));
+    b_.AddCompute("loss.max", ComputeType::kReduceMax, {logits}, {m}, FlopsPerUnit(ComputeType::kReduceMax) * elems);
+    b_.AddCompute("loss.sum_exp", ComputeType::kSumExp, {logits, m}, {z}, FlopsPerUnit(ComputeType::kSumExp) * elems);
+    b_.AddCompute("loss.target", ComputeType::kGatherTarget, {logits, labels}, {t}, 0);
+    b_.AddCompute("loss", ComputeType::kCrossEntropy, {m, z, t}, {loss},
+                  FlopsPerUnit(ComputeType::kCrossEntropy) * static_cast<double>(n));
+    return loss;
+  }
+
+ private:
+  GraphBuilder b_;
+  DType dtype_;
+  std::vector<std::string> params_;
+  std::map<std::string, bool> ones_;
+};
+
+/// torchvision's VisionTransformer forward: patch conv (+ bias plane), class
+/// token, positions, pre-norm encoder layers, final norm, the class token's head.
+std::string VitForward(const VisionConfig& c, int64_t n, Forward& f) {
+  const int64_t d = c.hidden, grid = c.image / c.patch, s = grid * grid + 1;
+  GraphBuilder& b = f.b();
+  const std::string images = f.Act("images", {n, 3, c.image, c.image});
+  const std::string pw = f.Param("patch.w", {d, 3, c.patch, c.patch});
+  std::string y = f.Act("patch.conv", {n, d, grid, grid});
+  b.AddCompute("patch.conv", ComputeType::kConv2d, {images, pw}, {y},
+               2.0 * n * d * grid * grid * 3 * c.patch * c.patch, {{"stride", c.patch}, {"padding", 0}});
+  // The conv bias [d] as a [d, grid, grid] plane (ones-matmul), added over the batch.
+  const std::string pcol = f.Reshape(f.Param("patch.b", {d}), "patch.b.col", {d, 1});
+  const std::string plane = f.Reshape(f.Matmul("patch.b.plane", pcol, f.Ones(grid * grid)), "patch.b.dgg",
+                                      {d, grid, grid});
+  y = f.Elementwise("patch.bias", ComputeType::kAdd, {y, plane});
+  y = f.Reshape(y, "patch.flat", {n, d, grid * grid});
+  std::string tokens = f.Act("patch.tokens", {n, grid * grid, d});
+  b.AddCompute("patch.tokens", ComputeType::kTranspose, {y}, {tokens}, 0, {{"axis0", 1}, {"axis1", 2}});
+  // The class token expanded over the batch: ones[1, n]^T @ cls[1, d].
+  const std::string cls = f.Matmul("cls.expand", f.Ones(n), f.Param("cls", {1, d}), true);
+  const std::string cls3 = f.Reshape(cls, "cls.rows", {n, 1, d});
+  std::string x = f.Act("embed.cat", {n, s, d});
+  b.AddCompute("embed.cat", ComputeType::kConcat, {cls3, tokens}, {x}, 0, {{"axis", 1}});
+  x = f.Elementwise("embed.pos", ComputeType::kAdd, {x, f.Param("pos", {s, d})});
+  for (int l = 0; l < c.layers; ++l) {
+    b.SetLayer(l);
+    const std::string p = "L" + std::to_string(l);
+    const std::string h = f.LayerNorm(p + ".ln1", x, 1e-6);
+    const std::string q = f.Linear(p + ".attn.q", h, d, d), k = f.Linear(p + ".attn.k", h, d, d);
+    const std::string v = f.Linear(p + ".attn.v", h, d, d);
+    std::string o = f.Act(p + ".attn", {n, s, d});
+    b.AddCompute(p + ".attn", ComputeType::kAttention, {q, k, v}, {o}, 4.0 * n * s * s * d,
+                 {{"heads", c.heads}, {"causal", 0}});
+    x = f.Elementwise(p + ".attn.res", ComputeType::kAdd, {x, f.Linear(p + ".attn.o", o, d, d)});
+    const std::string h2 = f.LayerNorm(p + ".ln2", x, 1e-6);
+    const std::string a = f.Elementwise(p + ".mlp.gelu", ComputeType::kGelu, {f.Linear(p + ".mlp.fc1", h2, d, c.mlp)},
+                                        {{"exact", 1}});
+    x = f.Elementwise(p + ".mlp.res", ComputeType::kAdd, {x, f.Linear(p + ".mlp.fc2", a, c.mlp, d)});
+  }
+  b.SetLayer(-1);
+  x = f.LayerNorm("ln_f", x, 1e-6);
+  std::string first = f.Act("cls.out", {n, 1, d});
+  b.AddCompute("cls.out", ComputeType::kSlice, {x}, {first}, 0, {{"axis", 1}, {"start", 0}, {"len", 1}});
+  return f.Linear("head", f.Reshape(first, "cls.flat", {n, d}), d, c.classes);
+}
+
+/// torchvision's ResNet with Bottleneck blocks (v1.5: the stride on the 3x3),
+/// the 3x3 `width_factor` times wider; global average pool as a ones-matmul.
+std::string WideResnetForward(const VisionConfig& c, int64_t n, Forward& f) {
+  GraphBuilder& b = f.b();
+  const std::string images = f.Act("images", {n, 3, c.image, c.image});
+  std::string x = f.Elementwise("stem.relu", ComputeType::kRelu, {f.ConvBn("stem", images, 64, 7, 2, 3)});
+  const int64_t h = f.ShapeOf(x)[2], p = (h + 2 - 3) / 2 + 1;
+  std::string pooled = f.Act("stem.pool", {n, 64, p, p});
+  b.AddCompute("stem.pool", ComputeType::kMaxPool2d, {x}, {pooled}, 9.0 * n * 64 * p * p,
+               {{"kernel", 3}, {"stride", 2}, {"padding", 1}});
+  x = pooled;
+  int64_t cin = 64;
+  int layer = 0;
+  const int planes[4] = {64, 128, 256, 512};
+  for (int st = 0; st < 4; ++st) {
+    const int64_t width = planes[st] * c.width_factor, cout = planes[st] * 4;
+    for (int bl = 0; bl < c.blocks[static_cast<size_t>(st)]; ++bl) {
+      b.SetLayer(layer++);
+      const int stride = (bl == 0 && st > 0) ? 2 : 1;
+      const std::string p = fmt::format("s{}.b{}", st, bl);
+      std::string y = f.Elementwise(p + ".relu1", ComputeType::kRelu, {f.ConvBn(p + ".1", x, width, 1, 1, 0)});
+      y = f.Elementwise(p + ".relu2", ComputeType::kRelu, {f.ConvBn(p + ".2", y, width, 3, stride, 1)});
+      y = f.ConvBn(p + ".3", y, cout, 1, 1, 0);
+      const std::string skip = bl == 0 ? f.ConvBn(p + ".down", x, cout, 1, stride, 0) : x;
+      x = f.Elementwise(p + ".relu3", ComputeType::kRelu, {f.Elementwise(p + ".res", ComputeType::kAdd, {y, skip})});
+      cin = cout;
+    }
+  }
+  b.SetLayer(-1);
+  const Shape& xs = f.ShapeOf(x);
+  const int64_t plane = xs[2] * xs[3];
+  const std::string rows = f.Reshape(x, "pool.rows", {n * cin, plane});
+  const std::string sum = f.Matmul("pool.sum", rows, f.Ones(plane), false, true);
+  const std::string mean = f.Elementwise("pool.mean", ComputeType::kScale, {sum}, {{"scale", 1.0 / plane}});
+  return f.Linear("fc", f.Reshape(mean, "pool.out", {n, cin}), cin, c.classes);
+}
+
+/// Appends one Adam op per parameter (fp32 moments, fp32 master copy when the
+/// parameters are not fp32), in the autodiff's gradient order.
+void AddAdam(Graph* g, const std::vector<std::string>& params, const std::map<std::string, std::string>& grads) {
+  std::map<std::string, const Tensor*> by_name;
+  for (const Tensor& t : g->tensors) by_name[t.name] = &t;
+  int next_id = 0;
+  for (const Op& op : g->ops) next_id = std::max(next_id, op.id + 1);
+  std::vector<Tensor> added;
+  std::vector<Op> ops;
+  for (const std::string& p : params) {
+    auto it = grads.find(p);
+    if (it == grads.end()) continue;
+    const Tensor& t = *by_name.at(p);
+    auto declare = [&](const std::string& name, DType dtype) {
+      Tensor n = t;
+      n.name = name;
+      n.dtype = dtype;
+      added.push_back(n);
+      return name;
+    };
+    Op op;
+    op.id = next_id++;
+    op.name = p + ".adam";
+    op.kind = OpKind::kCompute;
+    op.stream = "compute";
+    op.compute_type = ComputeType::kAdam;
+    op.inputs = {p, it->second, declare(p + ".adam_m", DType::kF32), declare(p + ".adam_v", DType::kF32)};
+    op.outputs = {declare(p + ".next", t.dtype), declare(p + ".adam_m.next", DType::kF32),
+                  declare(p + ".adam_v.next", DType::kF32)};
+    if (t.dtype != DType::kF32) {
+      op.inputs.push_back(declare(p + ".master", DType::kF32));
+      op.outputs.push_back(declare(p + ".master.next", DType::kF32));
+    }
+    op.attrs = {{"lr", 1e-4}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"step", 1}};
+    op.flops = FlopsPerUnit(ComputeType::kAdam) * static_cast<double>(t.NumElements());
+    op.tags.phase = Phase::kOptimizer;
+    op.tags.microbatch = 0;
+    ops.push_back(op);
+  }
+  for (Tensor& t : added) g->tensors.push_back(std::move(t));
+  for (Op& op : ops) {
+    double bytes = 0;
+    for (const auto* names : {&op.inputs, &op.outputs})
+      for (const std::string& n : *names)
+        for (const Tensor& t : g->tensors)
+          if (t.name == n) bytes += static_cast<double>(t.Bytes());
+    op.bytes = bytes;
+    g->ops.push_back(std::move(op));
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> VisionPresetNames() {
+  return {"vit-b16", "vit-l16", "vit-h14", "wide-resnet50-2", "wide-resnet101-2"};
+}
+
+Result<VisionConfig> VisionPreset(const std::string& name) {
+  VisionConfig c;
+  c.name = name;
+  // Sizes: Dosovitskiy et al. 2021, table 1 (ViT), and torchvision's resnet.py (Zagoruyko & Komodakis widths).
+  if (name == "vit-b16") {
+    c.layers = 12, c.hidden = 768, c.heads = 12, c.mlp = 3072, c.patch = 16, c.batch = 32;
+  } else if (name == "vit-l16") {
+    c.layers = 24, c.hidden = 1024, c.heads = 16, c.mlp = 4096, c.patch = 16, c.batch = 16;
+  } else if (name == "vit-h14") {
+    c.layers = 32, c.hidden = 1280, c.heads = 16, c.mlp = 5120, c.patch = 14, c.batch = 8;
+  } else if (name == "wide-resnet50-2") {
+    c.kind = VisionConfig::Kind::kWideResnet, c.blocks = {3, 4, 6, 3}, c.batch = 32;
+  } else if (name == "wide-resnet101-2") {
+    c.kind = VisionConfig::Kind::kWideResnet, c.blocks = {3, 4, 23, 3}, c.batch = 32;
+  } else {
+    return Status::Error("unknown vision model '" + name + "'" + DidYouMean(name, VisionPresetNames()));
+  }
+  return c;
+}
+
+Result<int64_t> VisionParameterCount(const VisionConfig& c) {
+  Graph g;
+  Forward f(&g, c.dtype);
+  if (c.kind == VisionConfig::Kind::kVit) VitForward(c, 1, f);
+  else WideResnetForward(c, 1, f);
+  int64_t n = 0;
+  for (const std::string& p : f.params()) n += Elements(f.ShapeOf(p));
+  return n;
+}
+
+Result<Program> LowerVisionUnsharded(const VisionConfig& c, int64_t images) {
+  if (images < 1) return Status::Error("model '" + c.name + "': batch " + std::to_string(images) + " < 1");
+  Program p;
+  p.name = c.name;
+  Graph g;
+  g.name = "main";
+  g.streams = {"compute"};
+  Forward f(&g, c.dtype);
+  f.b().SetPhase(Phase::kForward);
+  const std::string logits = c.kind == VisionConfig::Kind::kVit ? VitForward(c, images, f) : WideResnetForward(c, images, f);
+  const std::string loss = f.Loss(logits, images);
+  const std::vector<std::string> params = f.params();
+  Result<AutodiffResult> grads = Differentiate(&g, loss, params);
+  if (!grads.ok()) return Status::Error("model '" + c.name + "': " + grads.status().message());
+  AddAdam(&g, params, grads->grads);
+  p.graphs.push_back(std::move(g));
+  p.roles.push_back({"spmd", "main", {0}});
+  return p;
+}
+
+Result<Program> LowerVision(const VisionConfig& c, const ParallelPlan& plan) {
+  const std::string where = "plan '" + PlanToString(plan) + "' for model '" + c.name + "'";
+  if (plan.pp != 1 || plan.ep != 1 || plan.sp || plan.microbatches != 1 || plan.dap != 1 || plan.vstages != 1 ||
+      plan.recompute != Recompute::kNone || !plan.order.empty())
+    return Status::Error(where + ": the vision frontend takes dp, tp (ViT) and zero only");
+  const bool vit = c.kind == VisionConfig::Kind::kVit;
+  if (!vit && plan.tp != 1) return Status::Error(where + ": tp applies to the ViTs only (a ResNet is data parallel)");
+  if (vit && c.heads % plan.tp != 0)
+    return Status::Error(where + ": tp (" + std::to_string(plan.tp) + ") must divide heads (" + std::to_string(c.heads) + ")");
+  Result<Program> unsharded = LowerVisionUnsharded(c, static_cast<int64_t>(c.batch) * plan.dp);
+  if (!unsharded.ok()) return unsharded.status();
+  // The plan as a sharding file: the batch over dp; Megatron's tp split; ZeRO's dim 0 over dp.
+  ShardingPlan sp;
+  sp.source = where;
+  sp.mesh.axes = {MeshAxis{"dp", plan.dp}, MeshAxis{"tp", plan.tp}};
+  auto rule = [&](const std::string& tensor, std::vector<DimSharding> dims) {
+    sp.rules.push_back({tensor, false, std::move(dims)});
+  };
+  const Graph& g = unsharded->graphs[0];
+  std::map<std::string, const Tensor*> tensors;
+  for (const Tensor& t : g.tensors) tensors[t.name] = &t;
+  rule("images", {{{"dp"}, {}}, {}, {}, {}});
+  // The ViT's class-token expansion (ones[1, batch]^T @ cls): its rows follow the batch.
+  const std::string batch_ones = "const.ones." + std::to_string(static_cast<int64_t>(c.batch) * plan.dp);
+  if (vit && tensors.count(batch_ones)) rule(batch_ones, {{}, {{"dp"}, {}}});
+  rule("labels", {{{"dp"}, {}}});
+  std::map<std::string, std::string> grad_of;
+  for (const Op& op : g.ops)
+    if (op.kind == OpKind::kCompute && op.compute_type == ComputeType::kAdam) grad_of[op.inputs[0]] = op.inputs[1];
+  for (const auto& [param, grad] : grad_of) {
+    const Tensor& t = *tensors.at(param);
+    std::vector<DimSharding> dims(t.shape.size());
+    auto ends = [&](const std::string& suffix) {
+      return param.size() >= suffix.size() && param.compare(param.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (plan.tp > 1) {
+      if (ends(".attn.q.w") || ends(".attn.k.w") || ends(".attn.v.w") || ends(".mlp.fc1.w")) dims[1].axes = {"tp"};
+      if (ends(".attn.q.b") || ends(".attn.k.b") || ends(".attn.v.b") || ends(".mlp.fc1.b")) dims[0].axes = {"tp"};
+      if (ends(".attn.o.w") || ends(".mlp.fc2.w")) dims[0].axes = {"tp"};
+    }
+    std::vector<DimSharding> zdims = dims;
+    const int64_t tp_split = zdims[0].axes.empty() ? 1 : plan.tp;
+    const bool zero_fits = !t.shape.empty() && plan.dp > 1 && (t.shape[0] / tp_split) % plan.dp == 0;
+    if (zero_fits) zdims[0].axes.insert(zdims[0].axes.begin(), "dp");
+    auto with = [&](int stage) { return plan.zero >= stage && zero_fits ? zdims : dims; };
+    bool any = false;
+    for (const auto& d : dims) any = any || !d.axes.empty();
+    if (any || (plan.zero >= 3 && zero_fits)) rule(param, with(3));
+    if (tensors.count(param + ".master")) rule(param + ".master", with(1));
+    if (any || (plan.zero >= 1 && zero_fits)) {
+      rule(param + ".adam_m", with(1));
+      rule(param + ".adam_v", with(1));
+    }
+    if (any || (plan.zero >= 2 && zero_fits)) rule(grad, with(2));
+  }
+  Result<Program> out = PartitionProgram(*unsharded, sp);
+  if (!out.ok()) return out.status();
+  out->name = fmt::format("{}.{}", c.name, PlanToString(plan));
+  return out;
+}
+
+}  // namespace concerto

@@ -1,0 +1,133 @@
+// The vision frontend (lower/vision.h): the presets' parameter counts are
+// torchvision's, every plan verifies, data parallelism keeps batch norm and the
+// activations local, tensor parallelism splits the heads, and a small ViT under
+// dp=2,tp=2 computes the unsharded step's loss, gradients and updates on the
+// runtime. (Its flops against the torchvision models captured through
+// concerto.torch: tests/python/test_torch.py.)
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "concerto/ir/verifier.h"
+#include "concerto/lower/frontend.h"
+#include "concerto/lower/plan.h"
+#include "concerto/lower/vision.h"
+#include "concerto/runtime/executor.h"
+#include "concerto/runtime/reference.h"
+#include "concerto/schedule/schedule.h"
+
+namespace concerto {
+namespace {
+
+TEST(Vision, ParameterCountsAreTorchvisions) {
+  // sum(p.numel() for p in torchvision.models.<f>().parameters()), torchvision 0.14
+  // (vit_h_14 built with image_size=224).
+  const std::map<std::string, int64_t> torchvision = {{"vit-b16", 86567656},        {"vit-l16", 304326632},
+                                                      {"vit-h14", 632045800},       {"wide-resnet50-2", 68883240},
+                                                      {"wide-resnet101-2", 126886696}};
+  for (const auto& [name, count] : torchvision) {
+    Result<VisionConfig> c = VisionPreset(name);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    EXPECT_EQ(VisionParameterCount(*c).value(), count) << name;
+  }
+  EXPECT_EQ(VisionPreset("vit-b-16").status().message(), "unknown vision model 'vit-b-16' (did you mean 'vit-b16'?)");
+}
+
+int Count(const Program& p, CollectiveType type, const std::string& purpose = "") {
+  int n = 0;
+  for (const Op& op : p.graphs[0].ops)
+    n += op.kind == OpKind::kCollective && op.collective == type && (purpose.empty() || op.tags.purpose == purpose);
+  return n;
+}
+
+TEST(Vision, PlansVerify) {
+  for (const auto& [model, plan] : std::vector<std::pair<std::string, std::string>>{
+           {"vit-b16", "dp=4"}, {"vit-b16", "dp=4,zero=3"}, {"vit-b16", "dp=2,tp=2"}, {"wide-resnet50-2", "dp=4"},
+           {"wide-resnet50-2", "dp=4,zero=2"}}) {
+    Result<Program> p = LowerModelPlan(model, plan);
+    ASSERT_TRUE(p.ok()) << model << " " << plan << ": " << p.status().message();
+    EXPECT_TRUE(VerifyProgram(*p).empty()) << model << " " << plan;
+    EXPECT_EQ(p->mesh.NumRanks(), 4);
+  }
+}
+
+TEST(Vision, DataParallelKeepsActivationsAndBatchNormLocal) {
+  Result<Program> p = LowerModelPlan("wide-resnet50-2", "dp=4");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  // Only gradient all-reduces: no activation is gathered (batch norm's statistics are per rank).
+  const int grads = Count(*p, CollectiveType::kAllReduce, "grad_sync");
+  EXPECT_GT(grads, 150);
+  int collectives = 0;
+  for (const Op& op : p->graphs[0].ops) collectives += op.kind == OpKind::kCollective;
+  EXPECT_EQ(collectives, grads);
+  // 32 images per rank.
+  for (const Tensor& t : p->graphs[0].tensors) {
+    if (t.name == "images") {
+      EXPECT_EQ(t.shape, (std::vector<int64_t>{32, 3, 224, 224}));
+    }
+  }
+}
+
+TEST(Vision, ZeroThreeGathersParametersAndReduceScattersGradients) {
+  Result<Program> p = LowerModelPlan("vit-b16", "dp=4,zero=3");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_GT(Count(*p, CollectiveType::kReduceScatter), 100);
+  EXPECT_GT(Count(*p, CollectiveType::kAllGather), 100);
+}
+
+TEST(Vision, TensorParallelSplitsTheHeads) {
+  Result<Program> p = LowerModelPlan("vit-b16", "dp=2,tp=2");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  for (const Op& op : p->graphs[0].ops) {
+    if (op.kind == OpKind::kCompute && op.compute_type == ComputeType::kAttention) {
+      EXPECT_EQ(op.Attr("heads", 0), 6);
+    }
+  }
+  // The out-projection and fc2 outputs are partial over tp: one all-reduce each per layer, forward.
+  int fwd_tp = 0;
+  for (const Op& op : p->graphs[0].ops)
+    fwd_tp += op.kind == OpKind::kCollective && op.collective == CollectiveType::kAllReduce &&
+              op.tags.phase == Phase::kForward && op.group.axes == std::vector<std::string>{"tp"};
+  EXPECT_EQ(fwd_tp, 2 * 12);
+}
+
+TEST(Vision, PlansItDoesNotTakeAreNamed) {
+  EXPECT_EQ(LowerModelPlan("wide-resnet50-2", "dp=2,tp=2").status().message(),
+            "plan 'dp=2,tp=2' for model 'wide-resnet50-2': tp applies to the ViTs only (a ResNet is data parallel)");
+  EXPECT_EQ(LowerModelPlan("vit-b16", "tp=5").status().message(),
+            "plan 'dp=1,tp=5' for model 'vit-b16': tp (5) must divide heads (12)");
+  EXPECT_EQ(LowerModelPlan("vit-b16", "pp=2,microbatches=2").status().message(),
+            "plan 'dp=1,tp=1,pp=2,microbatches=2' for model 'vit-b16': the vision frontend takes dp, tp (ViT) and "
+            "zero only");
+}
+
+TEST(Vision, SmallVitUnderDpTpMatchesTheUnshardedStep) {
+  VisionConfig c;
+  c.name = "vit-small";
+  c.image = 32, c.patch = 8, c.layers = 2, c.hidden = 16, c.heads = 4, c.mlp = 32, c.classes = 10, c.batch = 2;
+  c.dtype = DType::kF32;
+  ParallelPlan plan;
+  plan.dp = 2, plan.tp = 2;
+  Result<Program> sharded = LowerVision(c, plan);
+  ASSERT_TRUE(sharded.ok()) << sharded.status().message();
+  Result<Program> ref = LowerVisionUnsharded(c, 4);
+  ASSERT_TRUE(ref.ok()) << ref.status().message();
+  RunOptions options;
+  ScheduledProgram ref_sp{*ref, ProgramOrderSchedule(*ref, "fifo")};
+  ScheduledProgram sp{*sharded, ProgramOrderSchedule(*sharded, "fifo")};
+  Result<ExecutionResult> ref_run = RunInProcess(ref_sp, options);
+  ASSERT_TRUE(ref_run.ok()) << ref_run.status().message();
+  Result<ExecutionResult> run = RunInProcess(sp, options);
+  ASSERT_TRUE(run.ok()) << run.status().message();
+  // The key bias's gradient is 0 in exact arithmetic (it adds q.b to every score of a softmax
+  // row), so both runs hold rounding noise of ~1e-11 there: an absolute floor for it.
+  Tolerance tolerance;
+  tolerance.grad_abs = 1e-8;
+  Result<ReferenceReport> cmp = CompareToReference(ref_sp, *ref_run, sp, *run, tolerance, {});
+  ASSERT_TRUE(cmp.ok()) << cmp.status().message();
+  EXPECT_GT(cmp->checks.size(), 60u);  // the loss, 36 gradients, 36 updates
+}
+
+}  // namespace
+}  // namespace concerto
