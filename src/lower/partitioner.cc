@@ -643,7 +643,11 @@ class Partitioner {
     }
     for (size_t o = 0; o < op.outputs.size(); ++o) {
       const TensorState& s = state_[tensor_index_.at(op.outputs[o])];
-      if (!s.annotation) continue;
+      // A gradient's annotation (usually Adam's, following its parameter) does not steer the op
+      // that computes it: that op runs as its inputs are split (data parallel: a partial sum over
+      // the batch) and the result is resharded after it (a ZeRO shard: reduce-scattered). Fixing
+      // its labels first would deny the contracted batch its axis and gather the activations.
+      if (!s.annotation || s.is_grad) continue;
       for (size_t d = 0; d < sig.out[o].size(); ++d) {
         const int l = sig.out[o][d];
         if (l < 0 || label[l]) continue;

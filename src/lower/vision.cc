@@ -343,6 +343,10 @@ Result<Program> LowerVision(const VisionConfig& c, const ParallelPlan& plan) {
     return Status::Error(where + ": the vision frontend takes dp, tp (ViT) and zero only");
   const bool vit = c.kind == VisionConfig::Kind::kVit;
   if (!vit && plan.tp != 1) return Status::Error(where + ": tp applies to the ViTs only (a ResNet is data parallel)");
+  if (plan.zero == 1 || plan.zero == 2)
+    return Status::Error(where + ": zero=1 and zero=2 are not built for the vision presets (their optimizer would "
+                         "update a rank's block of a replicated parameter, which the partitioner can only take with "
+                         "an all-to-all); use zero=3, or concerto.torch's plan='dp=N,zero=2'");
   if (vit && c.heads % plan.tp != 0)
     return Status::Error(where + ": tp (" + std::to_string(plan.tp) + ") must divide heads (" + std::to_string(c.heads) + ")");
   Result<Program> unsharded = LowerVisionUnsharded(c, static_cast<int64_t>(c.batch) * plan.dp);
@@ -380,7 +384,7 @@ Result<Program> LowerVision(const VisionConfig& c, const ParallelPlan& plan) {
     const int64_t tp_split = zdims[0].axes.empty() ? 1 : plan.tp;
     const bool zero_fits = !t.shape.empty() && plan.dp > 1 && (t.shape[0] / tp_split) % plan.dp == 0;
     if (zero_fits) zdims[0].axes.insert(zdims[0].axes.begin(), "dp");
-    auto with = [&](int stage) { return plan.zero >= stage && zero_fits ? zdims : dims; };
+    auto with = [&](int stage) { return plan.zero >= stage && zero_fits ? zdims : dims; };  // stage 1 or 3
     bool any = false;
     for (const auto& d : dims) any = any || !d.axes.empty();
     if (any || (plan.zero >= 3 && zero_fits)) rule(param, with(3));
@@ -389,7 +393,10 @@ Result<Program> LowerVision(const VisionConfig& c, const ParallelPlan& plan) {
       rule(param + ".adam_m", with(1));
       rule(param + ".adam_v", with(1));
     }
-    if (any || (plan.zero >= 2 && zero_fits)) rule(grad, with(2));
+    // The gradient is left to the partitioner: computed as a partial sum over dp and reduced to
+    // what Adam needs (reduce-scattered under ZeRO-3). Annotating it would pin its first dim to dp
+    // before the weight-gradient matmul, whose contracted batch dim then could not be.
+    (void)grad;
   }
   Result<Program> out = PartitionProgram(*unsharded, sp);
   if (!out.ok()) return out.status();

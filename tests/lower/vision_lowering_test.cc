@@ -44,7 +44,7 @@ int Count(const Program& p, CollectiveType type, const std::string& purpose = ""
 TEST(Vision, PlansVerify) {
   for (const auto& [model, plan] : std::vector<std::pair<std::string, std::string>>{
            {"vit-b16", "dp=4"}, {"vit-b16", "dp=4,zero=3"}, {"vit-b16", "dp=2,tp=2"}, {"wide-resnet50-2", "dp=4"},
-           {"wide-resnet50-2", "dp=4,zero=2"}}) {
+           {"wide-resnet50-2", "dp=4,zero=3"}}) {
     Result<Program> p = LowerModelPlan(model, plan);
     ASSERT_TRUE(p.ok()) << model << " " << plan << ": " << p.status().message();
     EXPECT_TRUE(VerifyProgram(*p).empty()) << model << " " << plan;
@@ -95,6 +95,8 @@ TEST(Vision, TensorParallelSplitsTheHeads) {
 TEST(Vision, PlansItDoesNotTakeAreNamed) {
   EXPECT_EQ(LowerModelPlan("wide-resnet50-2", "dp=2,tp=2").status().message(),
             "plan 'dp=2,tp=2' for model 'wide-resnet50-2': tp applies to the ViTs only (a ResNet is data parallel)");
+  EXPECT_NE(LowerModelPlan("vit-b16", "dp=2,zero=2").status().message().find("zero=1 and zero=2 are not built"),
+            std::string::npos);
   EXPECT_EQ(LowerModelPlan("vit-b16", "tp=5").status().message(),
             "plan 'dp=1,tp=5' for model 'vit-b16': tp (5) must divide heads (12)");
   EXPECT_EQ(LowerModelPlan("vit-b16", "pp=2,microbatches=2").status().message(),
