@@ -280,6 +280,57 @@ void AddAdam(Graph* g, const std::vector<std::string>& params, const std::map<st
   }
 }
 
+/// ZeRO-3 as DeepSpeed runs it: the partitioner gathers a parameter once and
+/// keeps it from its forward use to its backward use; DeepSpeed frees it after
+/// the forward and gathers it again for the backward. For every forward
+/// parameter gather read by backward ops, a second gather (same shard, group
+/// and stream) is inserted before the first of them, which read its output.
+/// Returns the number of gathers added.
+int RegatherForBackward(Graph* g) {
+  int next_id = 0;
+  for (const Op& op : g->ops) next_id = std::max(next_id, op.id + 1);
+  std::map<std::string, size_t> tensor_at;
+  for (size_t i = 0; i < g->tensors.size(); ++i) tensor_at[g->tensors[i].name] = i;
+  std::vector<Op> out;
+  std::map<std::string, std::string> renamed;  // gathered parameter -> its backward gather's output
+  std::map<std::string, const Op*> fwd_gather;
+  for (const Op& op : g->ops)
+    if (op.kind == OpKind::kCollective && op.collective == CollectiveType::kAllGather &&
+        op.tags.purpose == "param_gather" && op.tags.phase == Phase::kForward)
+      fwd_gather[op.outputs[0]] = &op;
+  int added = 0;
+  std::vector<Tensor> new_tensors;
+  for (const Op& op : g->ops) {
+    Op copy = op;
+    if (op.tags.phase != Phase::kForward) {
+      for (std::string& in : copy.inputs) {
+        auto it = fwd_gather.find(in);
+        if (it == fwd_gather.end()) continue;
+        auto done = renamed.find(in);
+        if (done == renamed.end()) {
+          Tensor t = g->tensors[tensor_at.at(in)];
+          t.name = in + ".bwd";
+          new_tensors.push_back(t);
+          Op gather = *it->second;
+          gather.id = next_id++;
+          gather.name = it->second->name + ".bwd";
+          gather.outputs = {t.name};
+          gather.tags = op.tags;
+          gather.tags.purpose = "param_gather";
+          out.push_back(std::move(gather));
+          done = renamed.emplace(in, t.name).first;
+          ++added;
+        }
+        in = done->second;
+      }
+    }
+    out.push_back(std::move(copy));
+  }
+  for (Tensor& t : new_tensors) g->tensors.push_back(std::move(t));
+  g->ops = std::move(out);
+  return added;
+}
+
 }  // namespace
 
 std::vector<std::string> VisionPresetNames() {
@@ -400,6 +451,8 @@ Result<Program> LowerVision(const VisionConfig& c, const ParallelPlan& plan) {
   }
   Result<Program> out = PartitionProgram(*unsharded, sp);
   if (!out.ok()) return out.status();
+  if (plan.zero == 3)
+    for (Graph& graph : out->graphs) RegatherForBackward(&graph);
   out->name = fmt::format("{}.{}", c.name, PlanToString(plan));
   return out;
 }

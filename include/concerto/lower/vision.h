@@ -56,8 +56,9 @@ Result<Program> LowerVisionUnsharded(const VisionConfig& config, int64_t images)
 /// of the q/k/v and fc1 columns and the out-projection and fc2 rows): the
 /// unsharded step at a global batch of batch x dp, partitioned. ZeRO-3 shards
 /// dim 0 of the parameters, their fp32 masters and Adam moments over dp where
-/// it divides (the gradients are reduce-scattered to them); zero=1 and 2 are
-/// refused (see the message). Batch norm keeps per-rank
+/// it divides (the gradients are reduce-scattered to them), each gathered
+/// again for its backward use as DeepSpeed does; zero=1 and 2 are refused
+/// (see the message). Batch norm keeps per-rank
 /// statistics (`local_stats`, DDP's default). Errors name the plan key a
 /// vision model does not take (pp, ep, sp, microbatches, dap, vstages,
 /// recompute, order; tp for a ResNet) and a tp that does not divide the heads.
