@@ -63,6 +63,14 @@ class _Unsupported(Exception):
     pass
 
 
+class _DropoutMask:
+    """The random mask make_fx's dropout builds (empty_like -> bernoulli_(1 - p) -> div_(1 - p)),
+    until the mul that applies it."""
+
+    def __init__(self):
+        self.p = None
+
+
 def _source_line(node):
     """'file:line `code`' of the innermost frame outside torch and this file, from the stack
     torch.fx recorded for `node` (innermost frame first; '' when none was recorded)."""
@@ -79,6 +87,18 @@ def _source_line(node):
     return ""
 
 
+def _block_of(param_name):
+    """The repeated block a parameter belongs to, from its module path: the path up to its first
+    numbered component ("layer2.0" of "layer2.0.conv1.weight", "encoder.layers.encoder_layer_3"
+    of "...encoder_layer_3.ln_1.weight", "transformer.h.5" of "transformer.h.5.attn.c_attn.weight");
+    None outside such blocks (stems, heads, embeddings)."""
+    parts = param_name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit() or re.fullmatch(r".*_\d+", part):
+            return ".".join(parts[:i + 1])
+    return None
+
+
 class _Graph:
     """The IR graph under construction (the concerto-ir JSON of docs/ir.md)."""
 
@@ -87,6 +107,7 @@ class _Graph:
         self.order = []
         self.ops = []
         self.flops_table = flops_table
+        self.layer_of = {}  # tensor -> layer tag
 
     def tensor(self, stem, shape, dtype):
         name, k = stem, 1
@@ -115,18 +136,23 @@ class _Graph:
             first = outputs[0] if unit == "output element" else inputs[0]
             flops = per * _numel(self.shape(first))
         nbytes = sum(_numel(self.shape(t)) * _ELEM_BYTES[self.tensors[t]["dtype"]] for t in list(inputs) + list(outputs))
+        # The layer: the deepest of its inputs' (a parameter's from its module path, _block_of).
+        layer = max([self.layer_of.get(t, -1) for t in inputs] + [-1])
+        for t in outputs:
+            self.layer_of[t] = layer
         self.ops.append({"id": len(self.ops), "name": name, "kind": "compute", "stream": "compute", "type": kind,
                          "inputs": list(inputs), "outputs": list(outputs), "attrs": attrs or {},
                          "flops": float(flops), "bytes": int(nbytes),
-                         "tags": {"phase": phase, "layer": -1, "microbatch": 0, "purpose": ""}})
+                         "tags": {"phase": phase, "layer": layer, "microbatch": 0, "purpose": ""}})
 
 
 class _Lowering:
     """Maps the nodes of a make_fx graph to IR ops, one handler per ATen op."""
 
-    def __init__(self, graph, float_dtype):
+    def __init__(self, graph, float_dtype, dropout="error"):
         self.g = graph
         self.float_dtype = float_dtype
+        self.dropout = dropout
         self.values = {}    # fx node -> _Value (or a tuple of them for multi-output nodes)
         self.node = None
 
@@ -295,7 +321,26 @@ class _Lowering:
             self.fail("subtracting the constant %r (only tensors)" % (y,))
         return self.add(self.val(x), self.scale(self.val(y), -alpha, ".neg"))
 
+    def h_empty_like(self, x, *rest, **kw):
+        if not all(_packet(u) in ("bernoulli_", "bernoulli") for u in self.node.users):
+            self.fail("empty_like outside a dropout mask (an uninitialised tensor)")
+        return _DropoutMask()
+
+    def h_bernoulli_(self, mask, p=0.5, generator=None):
+        m = self.values.get(mask)
+        if not isinstance(m, _DropoutMask) or isinstance(p, torch.fx.Node):
+            self.fail("bernoulli_ outside a dropout mask")
+        m.p = 1.0 - float(p)
+        if m.p > 0 and self.dropout != "identity":
+            self.fail("dropout with p=%g (random masks are not in the IR: set p=0, or capture with "
+                      "dropout='identity' to keep its cost and drop its randomness)" % m.p)
+        return m
+
     def h_mul(self, x, y):
+        for a, b in ((x, y), (y, x)):
+            if isinstance(self.values.get(b), _DropoutMask):
+                # Dropout's cost (an elementwise pass) without its randomness (dropout='identity').
+                return self.scale(self.val(a), 1.0)
         if not isinstance(y, torch.fx.Node):
             return self.scale(self.val(x), y)
         xv, yv = self.val(x), self.val(y)
@@ -306,6 +351,8 @@ class _Lowering:
         return _Value(out, xv.shape, xv.dtype)
 
     def h_div(self, x, y, rounding_mode=None):
+        if isinstance(self.values.get(x), _DropoutMask):
+            return self.values[x]  # the mask's 1 / (1 - p)
         if isinstance(y, torch.fx.Node) or rounding_mode is not None:
             self.fail("division by a tensor (only by a constant)")
         return self.scale(self.val(x), 1.0 / y)
@@ -478,18 +525,22 @@ class _Lowering:
         return _Value(out, shape, w.dtype)
 
     def h_native_dropout(self, x, p, train):
-        if train and p > 0:
-            self.fail("dropout with p=%g (random masks are not in the IR: set p=0)" % p)
-        return (self.val(x), None)
+        return (self.h_dropout(x, p, train), None)
 
     def h_dropout(self, x, p, train):
         if train and p > 0:
-            self.fail("dropout with p=%g (random masks are not in the IR: set p=0)" % p)
+            if self.dropout != "identity":
+                self.fail("dropout with p=%g (random masks are not in the IR: set p=0, or capture with "
+                          "dropout='identity' to keep its cost and drop its randomness)" % p)
+            # Its cost (an elementwise pass) without its randomness: the step no longer matches torch's.
+            return self.scale(self.val(x), 1.0)
         return self.val(x)
 
 
 _ALIASES = {"clone", "detach", "contiguous", "alias", "lift_fresh", "lift_fresh_copy"}
 _VIEWS = {"view", "_unsafe_view", "_reshape_alias", "reshape"}
+_VIEW_OPS = {"view", "_unsafe_view", "_reshape_alias", "reshape", "slice", "select", "t", "transpose", "permute",
+             "expand", "unsqueeze", "squeeze", "alias", "split", "split_with_sizes", "detach"}
 _INPLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "div_": "div", "sub_": "sub"}
 
 
@@ -724,7 +775,7 @@ def _data_parallel(local, dp, zero, label_count, plan):
 
 
 def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=None, lr=1e-3,
-            betas=(0.9, 0.999), eps=1e-8, dtype=None):
+            betas=(0.9, 0.999), eps=1e-8, dtype=None, dropout="error"):
     """Captures one training step of `module` (in train mode) on `example_inputs` (a tensor or a
     tuple of them) as a :class:`Captured`.
 
@@ -735,8 +786,13 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     without its last dim) defaults to zeros. The optimizer step is Adam (`lr`, `betas`, `eps`, no
     weight decay), as torch.optim.Adam's first step. `dtype` ("f32", "bf16", "f16") declares the
     float tensors of the program (the cost model prices them; the CPU runtime computes in fp32);
-    default: the module's parameter dtype. Raises concerto.Error naming the node, its ATen target
-    and its source line when something cannot be mapped."""
+    default: the module's parameter dtype. Dropout with p > 0 is an error unless `dropout` is
+    "identity": then it is priced as an elementwise pass and computes nothing (the step's values
+    then differ from torch's). Ops carry layer tags from the parameters' module paths (the first
+    numbered component: "layer2.0", "encoder.layers.encoder_layer_3"). Raises concerto.Error naming
+    the node, its ATen target and its source line when something cannot be mapped."""
+    if dropout not in ("error", "identity"):
+        raise Error("capture: dropout '%s' (one of 'error', 'identity')" % dropout)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
@@ -775,7 +831,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
         raise Error("capture: the module returns %d values; it must return one tensor (the logits)" % len(outs))
 
     graph = _Graph(_flops_table())
-    low = _Lowering(graph, dtype)
+    low = _Lowering(graph, dtype, dropout)
     # Only what the output depends on is lowered (running-statistics updates, unused outputs are not).
     live, stack = set(), [outs[0]]
     while stack:
@@ -800,11 +856,17 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
 
     used_names = set()
     ir_params = {}
+    blocks = {}
+    for pname in pnames:  # layer numbers in module order
+        b = _block_of(pname)
+        if b is not None and b not in blocks:
+            blocks[b] = len(blocks)
     for n, pname in zip(placeholders[:len(pnames)], pnames):
         if n in live:
             t = params[pname]
             low.values[n] = _Value(graph.tensor(pname, t.shape, dtype), t.shape, dtype)
             ir_params[pname] = low.values[n].name
+            graph.layer_of[pname] = blocks.get(_block_of(pname), -1)
     try:
         arg_names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
@@ -819,6 +881,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
         low.values[n] = _Value(graph.tensor(stem, x.shape, xd), x.shape, xd)
         ir_inputs.append(low.values[n].name)
     constants = {}
+    order = {n: i for i, n in enumerate(nodes)}
     for n in nodes:
         if n.op not in ("call_function", "get_attr", "placeholder") or n in low.values or n not in live:
             continue
@@ -848,6 +911,21 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
                     raise _Unsupported("output %d of '%s' has no value in the IR" % (n.args[1], n.args[0].name))
                 low.values[n] = src[n.args[1]]
                 continue
+            if packet.endswith("_") and n.args and isinstance(n.args[0], torch.fx.Node):
+                # An in-place op: later reads of its input must go through its result (make_fx
+                # rewires them), else something reads the tensor under another name (a view).
+                aliases, stack = set(), [n.args[0]]
+                while stack:  # the input and the views of it made before the in-place op
+                    a = stack.pop()
+                    if a in aliases:
+                        continue
+                    aliases.add(a)
+                    stack.extend(u for u in a.users if order[u] < order[n] and
+                                 (_packet(u) in _VIEW_OPS or u.target is operator.getitem))
+                later = [u for a in aliases for u in a.users if u is not n and order[u] > order[n]]
+                if later:
+                    raise _Unsupported("in-place %s on '%s', which '%s' reads afterwards through another "
+                                       "name (a view): not supported" % (packet, n.args[0].name, later[0].name))
             packet = _INPLACE.get(packet, packet)
             if packet in _ALIASES:
                 handler = low.h_alias
@@ -932,7 +1010,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
         raise Error("capture: the captured program does not verify: %s" % "; ".join(problems[:3]))
     cap = Captured(program, ir_params, param_grads, updated, ir_inputs, lab, loss, constants)
     cap._recapture = lambda xs, ys: capture(module, xs, ys, loss_fn=loss_fn, name=name, lr=lr, betas=betas, eps=eps,
-                                            dtype=dtype)
+                                            dtype=dtype, dropout=dropout)
     cap._example = (example_inputs, labels)
     return cap
 

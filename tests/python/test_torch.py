@@ -187,6 +187,34 @@ class ErrorsTest(unittest.TestCase):
         self.assertRegex(msg, r"^capture: node 'cumsum' \(aten\.cumsum\.default\) at \S*test_torch\.py:\d+ "
                               r"`return torch\.cumsum\(self\.fc\(x\), dim=1\)  # no IR op for this`: no mapping")
 
+    def test_dropout_is_refused_or_priced_without_randomness(self):
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Dropout(0.1), torch.nn.Linear(4, 3))
+        with self.assertRaisesRegex(concerto.Error, r"node 'bernoulli_' .*dropout with p=0.1 .*dropout='identity'"):
+            ct.capture(m, torch.randn(2, 4))
+        cap = ct.capture(m, torch.randn(2, 4), dropout="identity")
+        kinds = [op["type"] for op in cap.program.to_dict()["graphs"][0]["ops"] if op["tags"]["phase"] == "fwd"]
+        self.assertEqual(kinds[:5], ["matmul", "add", "scale", "matmul", "add"])
+
+    def test_in_place_update_read_through_a_view_is_refused(self):
+        class Aliased(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 4)
+
+            def forward(self, x):
+                h = self.fc(x)
+                v = h[:, :2]
+                h.add_(h)  # v sees the update in torch; a functional graph would not
+                return torch.cat([h, v], 1)
+
+        with self.assertRaisesRegex(concerto.Error, r"in-place add_ on 'addmm', which 'cat' reads afterwards"):
+            ct.capture(Aliased(), torch.randn(2, 4))
+
+    def test_layer_tags_follow_the_module_path(self):
+        cap = ct.capture(reduced_wide_resnet(), torch.randn(2, 3, 32, 32))
+        layers = {op["tags"]["layer"] for op in cap.program.to_dict()["graphs"][0]["ops"]}
+        self.assertEqual(layers, {-1, 0, 1, 2, 3})  # the stem; layer1.0 .. layer4.0
+
     def test_bad_plans_and_labels(self):
         cap = ct.capture(TinyGpt(), torch.randint(0, 50, (2, 8)))
         with self.assertRaisesRegex(concerto.Error, r"not divisible by dp=3"):
