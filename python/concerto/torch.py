@@ -360,6 +360,12 @@ class _Lowering:
     def h_relu(self, x):
         return self.unary("relu", self.val(x))
 
+    def h_silu(self, x):
+        return self.unary("silu", self.val(x))
+
+    def h_neg(self, x):
+        return self.scale(self.val(x), -1.0)
+
     def h_gelu(self, x, approximate="none"):
         return self.unary("gelu", self.val(x), {"exact": 1 if approximate == "none" else 0})
 
@@ -541,7 +547,7 @@ _ALIASES = {"clone", "detach", "contiguous", "alias", "lift_fresh", "lift_fresh_
 _VIEWS = {"view", "_unsafe_view", "_reshape_alias", "reshape"}
 _VIEW_OPS = {"view", "_unsafe_view", "_reshape_alias", "reshape", "slice", "select", "t", "transpose", "permute",
              "expand", "unsqueeze", "squeeze", "alias", "split", "split_with_sizes", "detach"}
-_INPLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "div_": "div", "sub_": "sub"}
+_INPLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "div_": "div", "sub_": "sub", "silu_": "silu"}
 
 
 def supported_ops():
@@ -1014,3 +1020,94 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     cap._example = (example_inputs, labels)
     return cap
 
+
+
+def _main(argv=None):
+    """python3 -m concerto.torch MODULE:FACTORY ...: capture a model, apply a plan, compare every
+    scheduler on it (docs/python.md, 'From the command line')."""
+    import argparse
+    import importlib
+    import sys
+    import time
+
+    ap = argparse.ArgumentParser(
+        prog="python3 -m concerto.torch",
+        description="Capture a PyTorch model's training step (concerto.torch.capture), apply a data-parallel "
+                    "plan and compare every scheduler on it on a cluster preset.")
+    ap.add_argument("factory", help="MODULE:CALLABLE that returns the nn.Module, e.g. torchvision.models:vit_b_16")
+    ap.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments for the callable")
+    ap.add_argument("--input", action="append", required=True, metavar="SHAPE",
+                    help="an example input's shape, e.g. 256x3x224x224 (global batch first); repeat for more inputs")
+    ap.add_argument("--input-dtype", choices=["float", "long"], default="float",
+                    help="float: random normal inputs; long: token ids in [0, --vocab)")
+    ap.add_argument("--vocab", type=int, default=1000, help="id range of long inputs (default 1000)")
+    ap.add_argument("--plan", default="dp=1", help="dp=N[,zero=1|2|3] (default dp=1: the unsharded step)")
+    ap.add_argument("--cluster", default="a800-4x8", help="a cluster preset or file (default a800-4x8)")
+    ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="bf16",
+                    help="the program's float tensors (default bf16, mixed precision)")
+    ap.add_argument("--dropout", choices=["error", "identity"], default="error",
+                    help="dropout with p > 0: refuse (default) or price it without randomness")
+    ap.add_argument("--write-program", metavar="FILE", help="also write the planned program (concerto-ir JSON)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    args = ap.parse_args(argv)
+
+    def fail(msg):
+        print("python3 -m concerto.torch: " + msg, file=sys.stderr)
+        return 2
+
+    if ":" not in args.factory:
+        return fail("'%s' is not MODULE:CALLABLE" % args.factory)
+    mod_name, attr = args.factory.split(":", 1)
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        return fail("cannot load '%s': %s" % (args.factory, e))
+    try:
+        kwargs = json.loads(args.kwargs)
+    except ValueError as e:
+        return fail("--kwargs: not JSON: %s" % e)
+    inputs = []
+    for text in args.input:
+        try:
+            shape = [int(d) for d in text.lower().split("x")]
+        except ValueError:
+            return fail("--input '%s': not a shape like 256x3x224x224" % text)
+        if not shape or min(shape) < 1:
+            return fail("--input '%s': every dim must be >= 1" % text)
+        inputs.append(torch.randint(0, args.vocab, shape) if args.input_dtype == "long" else torch.randn(shape))
+    try:
+        t0 = time.time()
+        module = factory(**kwargs)
+        module.train()
+        print("capturing %s ..." % args.factory, file=sys.stderr)
+        cap = capture(module, tuple(inputs), dtype=args.dtype, dropout=args.dropout, name=attr)
+        t1 = time.time()
+        print("captured %d ops in %.1f s; planning %s ..." % (cap.program.num_ops, t1 - t0, args.plan), file=sys.stderr)
+        program = cap.program if args.plan.replace(" ", "") in ("dp=1", "") else cap.partition(plan=args.plan)
+        t2 = time.time()
+        print("comparing every scheduler on %s ..." % args.cluster, file=sys.stderr)
+        table = _concerto.compare(program, cluster=args.cluster)
+        t3 = time.time()
+    except Error as e:
+        return fail(str(e))
+    if args.write_program:
+        program.write(args.write_program)
+    if args.json:
+        print(json.dumps({"model": args.factory, "plan": args.plan, "cluster": args.cluster, "ops": program.num_ops,
+                          "ranks": program.num_ranks, "capture_s": t1 - t0, "partition_s": t2 - t1,
+                          "compare_s": t3 - t2, "compare": table}))
+        return 0
+    runs = {r["scheduler"]: r for r in table["results"]}
+    print("%s, plan %s, %s: %d ranks, %d ops per rank (capture %.1f s, plan %.1f s, compare %.1f s)" % (
+        args.factory, args.plan, args.cluster, program.num_ranks, program.num_ops, t1 - t0, t2 - t1, t3 - t2))
+    print("%-22s %12s %10s %14s" % ("scheduler", "step_ms", "vs_best", "peak_mem_GiB"))
+    best = min(r["makespan_us"] for r in runs.values())
+    for name, r in runs.items():
+        print("%-22s %12.3f %9.3fx %14.2f" % (name, r["makespan_us"] / 1e3, r["makespan_us"] / best,
+                                              r.get("peak_memory_bytes", 0) / 2**30))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys as _sys
+    _sys.exit(_main())

@@ -227,6 +227,38 @@ class ErrorsTest(unittest.TestCase):
             ct.capture(TinyGpt(), torch.randint(0, 50, (2, 8)), loss_fn=torch.nn.functional.mse_loss)
 
 
+class CommandTest(unittest.TestCase):
+    """python3 -m concerto.torch: capture, plan and compare from the command line."""
+
+    def run_cli(self, *args):
+        import os
+        import subprocess
+        import sys
+        return subprocess.run([sys.executable, "-m", "concerto.torch", *args], capture_output=True, text=True,
+                              env=dict(os.environ), timeout=600)
+
+    def test_json_report(self):
+        r = self.run_cli("torchvision.models:resnet18", "--kwargs", '{"num_classes": 10}', "--input", "8x3x32x32",
+                         "--plan", "dp=2,zero=3", "--cluster", "a800-4x8", "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        import json
+        got = json.loads(r.stdout)
+        self.assertEqual(got["ranks"], 2)
+        self.assertEqual(sorted(x["scheduler"] for x in got["compare"]["results"]), sorted(concerto.schedulers()))
+        self.assertIn("capturing", r.stderr)  # progress goes to stderr
+
+    def test_errors_exit_2_with_a_message(self):
+        r = self.run_cli("torchvision.models:no_such_model", "--input", "2x3x32x32")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("cannot load 'torchvision.models:no_such_model'", r.stderr)
+        r = self.run_cli("torchvision.models:resnet18", "--input", "2xAx32")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--input '2xAx32': not a shape", r.stderr)
+        r = self.run_cli("torchvision.models:resnet18", "--input", "3x3x32x32", "--plan", "dp=2")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("not divisible by dp=2", r.stderr)
+
+
 def forward_gemm_flops(program):
     """Flops of the forward's matmul and conv2d ops (the tensor-core work)."""
     return sum(op["flops"] for op in program.to_dict()["graphs"][0]["ops"]
