@@ -638,12 +638,6 @@ class Captured:
         local = self._recapture(tuple(x[:rows] for x in xs), ys[:rows])
         return _data_parallel(local, dp, zero, _numel(ys.shape), plan)
 
-    def program_tensor(self, name):
-        for t in self.program.to_dict()["graphs"][0]["tensors"]:
-            if t["name"] == name:
-                return t
-        raise Error("no tensor '%s' in program '%s'" % (name, self.program.name))
-
     def run(self, module, example_inputs, labels, program=None, scheduler="fifo", cluster="a800-4x8", options=None):
         """One step of `program` (default: the unsharded one) on the CPU runtime with the
         module's parameter values: {'loss': float, 'grads': {param: tensor}, 'updated': {param:

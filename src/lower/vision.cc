@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,10 +56,7 @@ class Forward {
   /// The runtime's all-ones constant [1, n] (docs/runtime.md), declared once.
   std::string Ones(int64_t n) {
     const std::string name = "const.ones." + std::to_string(n);
-    if (!ones_.count(name)) {
-      b_.AddTensor(name, {1, n}, dtype_, Whole(2));
-      ones_[name] = true;
-    }
+    if (ones_.insert(name).second) b_.AddTensor(name, {1, n}, dtype_, Whole(2));
     return name;
   }
 
@@ -143,7 +141,7 @@ class Forward {
   GraphBuilder b_;
   DType dtype_;
   std::vector<std::string> params_;
-  std::map<std::string, bool> ones_;
+  std::set<std::string> ones_;
 };
 
 /// torchvision's VisionTransformer forward: patch conv (+ bias plane), class
@@ -417,10 +415,9 @@ Result<Program> LowerVision(const VisionConfig& c, const ParallelPlan& plan) {
   const std::string batch_ones = "const.ones." + std::to_string(static_cast<int64_t>(c.batch) * plan.dp);
   if (vit && tensors.count(batch_ones)) rule(batch_ones, {{}, {{"dp"}, {}}});
   rule("labels", {{{"dp"}, {}}});
-  std::map<std::string, std::string> grad_of;
-  for (const Op& op : g.ops)
-    if (op.kind == OpKind::kCompute && op.compute_type == ComputeType::kAdam) grad_of[op.inputs[0]] = op.inputs[1];
-  for (const auto& [param, grad] : grad_of) {
+  for (const Op& op : g.ops) {
+    if (op.kind != OpKind::kCompute || op.compute_type != ComputeType::kAdam) continue;
+    const std::string& param = op.inputs[0];
     const Tensor& t = *tensors.at(param);
     std::vector<DimSharding> dims(t.shape.size());
     auto ends = [&](const std::string& suffix) {
@@ -445,9 +442,7 @@ Result<Program> LowerVision(const VisionConfig& c, const ParallelPlan& plan) {
       rule(param + ".adam_v", with(1));
     }
     // The gradient is left to the partitioner: computed as a partial sum over dp and reduced to
-    // what Adam needs (reduce-scattered under ZeRO-3). Annotating it would pin its first dim to dp
-    // before the weight-gradient matmul, whose contracted batch dim then could not be.
-    (void)grad;
+    // what Adam needs (reduce-scattered under ZeRO-3).
   }
   Result<Program> out = PartitionProgram(*unsharded, sp);
   if (!out.ok()) return out.status();
