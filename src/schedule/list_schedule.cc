@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <limits>
 #include <map>
 #include <queue>
 #include <set>
@@ -161,9 +162,19 @@ Result<Schedule> CriticalPathListSchedule(const Program& program, const CostMode
       last[r] = i;
     }
   }
+  // With `max_ahead_ops`, an op starts only within that many ops (program
+  // order) of its role's first unfinished op: horizon[r] is the first index
+  // beyond, first_open[r] that op, done[i] whether node i finished.
+  const int ahead = options.max_ahead_ops;
+  std::vector<int> role_ops(program.roles.size(), 0), first_open(program.roles.size(), 0),
+      horizon(program.roles.size(), std::numeric_limits<int>::max());
+  for (int i = 0; i < n; ++i) ++role_ops[j.at[i].role];
+  if (ahead > 0)
+    for (size_t r = 0; r < horizon.size(); ++r) horizon[r] = ahead;
+  std::vector<char> done(n, 0);
   auto eligible = [&](int i) {
     return !issued[i] && waiting[i] == 0 && (j.key_prev[i] < 0 || issued[j.key_prev[i]]) &&
-           (chain_prev[i] < 0 || issued[chain_prev[i]]);
+           (chain_prev[i] < 0 || issued[chain_prev[i]]) && j.at[i].op < horizon[j.at[i].role];
   };
   auto offer = [&](int i) {
     if (i >= 0 && eligible(i)) ready[j.stream[i]].insert(entry(i));
@@ -240,6 +251,14 @@ Result<Schedule> CriticalPathListSchedule(const Program& program, const CostMode
       running.pop();
       ++finished;
       busy[j.stream[i]] = 0;
+      if (ahead > 0) {  // the role's window slides past its finished ops
+        const int r = j.at[i].role;
+        done[i] = 1;
+        const int was = horizon[r];
+        while (first_open[r] < role_ops[r] && done[j.base[r] + first_open[r]]) ++first_open[r];
+        horizon[r] = first_open[r] + ahead;
+        for (int k = was; k < std::min(horizon[r], role_ops[r]); ++k) offer(j.base[r] + k);
+      }
       for (int s : j.succs[i]) {
         --waiting[s];
         offer(s);

@@ -36,8 +36,18 @@ namespace concerto {
 /// idle time by their chains. Without it, a first stage runs its forwards
 /// ahead of its backward (nothing waits for the backward there), which is
 /// faster where bubbles dominate and holds more activations.
+///
+/// With `max_ahead_ops` > 0, an op starts only while it is fewer than that
+/// many ops (in its graph's program order) past its role's first unfinished
+/// op: a sliding window over the lowered order. The order as lowered keeps
+/// memory low (a micro-batch's backward follows its forward); the window
+/// lets the list schedule overlap within it and bounds how far forwards run
+/// ahead, and with them the activations held (what a memory budget needs).
+/// The role's first unfinished op is always inside, so the window never
+/// deadlocks a program whose program order runs.
 struct ListScheduleOptions {
   bool in_order = false;
+  int max_ahead_ops = 0;  // <= 0: no window
 };
 Result<Schedule> CriticalPathListSchedule(const Program& program, const CostModel& cost,
                                           const ListScheduleOptions& options = {});
