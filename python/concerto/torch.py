@@ -149,10 +149,11 @@ class _Graph:
 class _Lowering:
     """Maps the nodes of a make_fx graph to IR ops, one handler per ATen op."""
 
-    def __init__(self, graph, float_dtype, dropout="error"):
+    def __init__(self, graph, float_dtype, dropout="error", sync_bn=False):
         self.g = graph
         self.float_dtype = float_dtype
         self.dropout = dropout
+        self.sync_bn = sync_bn
         self.values = {}    # fx node -> _Value (or a tuple of them for multi-output nodes)
         self.node = None
 
@@ -391,11 +392,17 @@ class _Lowering:
         if weight is None or bias is None:
             self.fail("batch_norm without affine weight and bias")
         c = v.shape[1]
+        src = self.materialize(v)
         out = self.new(v.shape, v.dtype)
         mean = self.new((c,), "f32", self.node.name + ".mean")
         invstd = self.new((c,), "f32", self.node.name + ".invstd")
-        self.emit("batch_norm", [self.materialize(v), self.val(weight).name, self.val(bias).name], [out, mean, invstd],
-                  attrs={"eps": float(eps)})
+        ins, attrs = [src, self.val(weight).name, self.val(bias).name], {"eps": float(eps)}
+        if self.sync_bn:  # SyncBatchNorm: statistics from sums all-reduced over the data-parallel ranks
+            sums = self.new((2, c), "f32", self.node.name + ".sums")
+            self.emit("batch_norm_stats", [src], [sums], suffix=".sums")
+            ins.append(sums)
+            attrs["count"] = _numel(v.shape) // c
+        self.emit("batch_norm", ins, [out, mean, invstd], attrs=attrs)
         return (_Value(out, v.shape, v.dtype), _Value(mean, (c,), "f32"), _Value(invstd, (c,), "f32"))
 
     def h_convolution(self, x, w, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -684,6 +691,11 @@ def _data_parallel(local, dp, zero, label_count, plan):
     for op in ops:  # the mean over the global batch: each rank's gradient is its share of the sum
         if op.get("type") == "cross_entropy_grad":
             op["attrs"]["denominator"] = float(label_count)
+        if op.get("type") in ("batch_norm", "batch_norm_grad") and "count" in op["attrs"]:
+            op["attrs"]["count"] = op["attrs"]["count"] * dp  # SyncBatchNorm: elements over every rank
+    # Gradients a synchronised batch_norm_grad computes from all-reduced sums are already global.
+    global_grads = {o for op in ops if op.get("type") == "batch_norm_grad" and len(op["inputs"]) == 6
+                    for o in op["outputs"][1:]}
     adam = {op["name"]: op for op in ops if op.get("type") == "adam"}
     new_ops, after = [], {}  # ops to insert right after the op with a given name
 
@@ -714,6 +726,8 @@ def _data_parallel(local, dp, zero, label_count, plan):
             continue
         grad = op["inputs"][1]
         shape = tensors[ir]["shape"]
+        if grad in global_grads:  # sync-BN's gamma and beta: the whole update everywhere, no reduction
+            continue
         tensors[grad]["partial"] = ["dp"]
         split = zero >= 1 and shape and shape[0] % dp == 0
         if not split:  # DDP: the gradient all-reduced, the whole parameter updated everywhere
@@ -758,6 +772,17 @@ def _data_parallel(local, dp, zero, label_count, plan):
             tensors[nxt]["shape"] = shape
             g["tensors"] = [t for t in g["tensors"] if t["name"] != nxt]
             del tensors[nxt]
+    for op in ops:  # SyncBatchNorm's sums: all-reduced before the batch norm that reads them
+        if op.get("type") not in ("batch_norm_stats", "batch_norm_grad_stats"):
+            continue
+        sums = op["outputs"][0]
+        tensors[sums]["partial"] = ["dp"]
+        total = declare(sums + ".ar", sums)
+        after.setdefault(op["name"], []).append(collective(sums + ".ar", "all_reduce", sums, total, op["tags"]["phase"],
+                                                           "activation"))
+        for o in ops:
+            if o is not op and sums in o["inputs"]:
+                o["inputs"] = [total if i == sums else i for i in o["inputs"]]
     before = {}
     for name, o in new_ops:
         before.setdefault(name, []).append(o)
@@ -775,7 +800,7 @@ def _data_parallel(local, dp, zero, label_count, plan):
 
 
 def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=None, lr=1e-3,
-            betas=(0.9, 0.999), eps=1e-8, dtype=None, dropout="error"):
+            betas=(0.9, 0.999), eps=1e-8, dtype=None, dropout="error", sync_bn=False):
     """Captures one training step of `module` (in train mode) on `example_inputs` (a tensor or a
     tuple of them) as a :class:`Captured`.
 
@@ -788,7 +813,10 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     float tensors of the program (the cost model prices them; the CPU runtime computes in fp32);
     default: the module's parameter dtype. Dropout with p > 0 is an error unless `dropout` is
     "identity": then it is priced as an elementwise pass and computes nothing (the step's values
-    then differ from torch's). Ops carry layer tags from the parameters' module paths (the first
+    then differ from torch's). With `sync_bn` batch norm is SyncBatchNorm: its statistics (and
+    their gradients) come from per-channel sums that a data-parallel plan all-reduces
+    (batch_norm_stats, batch_norm_grad_stats), so every rank normalises with the whole batch's
+    statistics; without it a plan keeps per-rank statistics (DDP's BatchNorm). Ops carry layer tags from the parameters' module paths (the first
     numbered component: "layer2.0", "encoder.layers.encoder_layer_3"). Raises concerto.Error naming
     the node, its ATen target and its source line when something cannot be mapped."""
     if dropout not in ("error", "identity"):
@@ -831,7 +859,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
         raise Error("capture: the module returns %d values; it must return one tensor (the logits)" % len(outs))
 
     graph = _Graph(_flops_table())
-    low = _Lowering(graph, dtype, dropout)
+    low = _Lowering(graph, dtype, dropout, sync_bn)
     # Only what the output depends on is lowered (running-statistics updates, unused outputs are not).
     live, stack = set(), [outs[0]]
     while stack:
@@ -1010,7 +1038,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
         raise Error("capture: the captured program does not verify: %s" % "; ".join(problems[:3]))
     cap = Captured(program, ir_params, param_grads, updated, ir_inputs, lab, loss, constants)
     cap._recapture = lambda xs, ys: capture(module, xs, ys, loss_fn=loss_fn, name=name, lr=lr, betas=betas, eps=eps,
-                                            dtype=dtype, dropout=dropout)
+                                            dtype=dtype, dropout=dropout, sync_bn=sync_bn)
     cap._example = (example_inputs, labels)
     return cap
 

@@ -28,6 +28,7 @@ Status Relu(const Op& fwd, BackwardBuilder& b);
 Status Conv2d(const Op& fwd, BackwardBuilder& b);
 Status MaxPool2d(const Op& fwd, BackwardBuilder& b);
 Status BatchNorm(const Op& fwd, BackwardBuilder& b);
+Status Statistics(const Op& fwd, BackwardBuilder& b);
 Status TopK(const Op& fwd, BackwardBuilder& b);
 Status MoeDispatch(const Op& fwd, BackwardBuilder& b);
 Status MoeCombine(const Op& fwd, BackwardBuilder& b);

@@ -592,23 +592,55 @@ std::string CheckChannelVectors(const Operands& o, size_t x, size_t first_vec, s
   return "";
 }
 
-/// batch_norm: (x, gamma, beta) -> (y, mean, invstd).
+/// The global statistics of synchronised batch norm: input `i` is [2, C] and
+/// attribute `count` (elements per channel over every rank) is >= 1.
+std::string CheckSyncStats(const Operands& o, size_t i, size_t x) {
+  CONCERTO_SHAPE_CHECK(o.InIs(i, Shape{2, o.In(x)[1]}, "sums per channel of x"));
+  std::string error;
+  auto count = o.IntAttr("count", std::nullopt, &error);
+  if (!error.empty()) return error;
+  if (*count < 1) return o.Type() + ": attribute 'count' must be >= 1, got " + std::to_string(*count);
+  return "";
+}
+
+/// batch_norm: (x, gamma, beta[, stats]) -> (y, mean, invstd).
 std::string CheckBatchNorm(const Operands& o) {
-  CONCERTO_SHAPE_CHECK(o.Counts(3, 3));
+  CONCERTO_SHAPE_CHECK(o.NumIn() == 4 && o.NumOut() == 3 ? std::string() : o.Counts(3, 3));
   CONCERTO_SHAPE_CHECK(CheckChannelVectors(o, 0, 1, 2));
+  if (o.NumIn() == 4) {
+    CONCERTO_SHAPE_CHECK(CheckSyncStats(o, 3, 0));
+  }
   CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(0), "x's"));
   CONCERTO_SHAPE_CHECK(o.OutIs(1, o.In(1), "one per channel"));
   return o.OutIs(2, o.In(1), "one per channel");
 }
 
-/// batch_norm_grad: (dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta).
+/// batch_norm_grad: (dy, x, gamma, mean, invstd[, gstats]) -> (dx, dgamma, dbeta).
 std::string CheckBatchNormGrad(const Operands& o) {
-  CONCERTO_SHAPE_CHECK(o.Counts(5, 3));
+  CONCERTO_SHAPE_CHECK(o.NumIn() == 6 && o.NumOut() == 3 ? std::string() : o.Counts(5, 3));
   CONCERTO_SHAPE_CHECK(CheckChannelVectors(o, 1, 2, 3));
+  if (o.NumIn() == 6) {
+    CONCERTO_SHAPE_CHECK(CheckSyncStats(o, 5, 1));
+  }
   CONCERTO_SHAPE_CHECK(o.InIs(0, o.In(1), "x's"));
   CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(1), "x's"));
   CONCERTO_SHAPE_CHECK(o.OutIs(1, o.In(2), "gamma's"));
   return o.OutIs(2, o.In(2), "gamma's");
+}
+
+/// batch_norm_stats: (x) -> stats [2, C].
+std::string CheckBatchNormStats(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(1, 1));
+  CONCERTO_SHAPE_CHECK(o.InRank(0, 2));
+  return o.OutIs(0, Shape{2, o.In(0)[1]}, "sums per channel of x");
+}
+
+/// batch_norm_grad_stats: (dy, x, mean, invstd) -> gstats [2, C].
+std::string CheckBatchNormGradStats(const Operands& o) {
+  CONCERTO_SHAPE_CHECK(o.Counts(4, 1));
+  CONCERTO_SHAPE_CHECK(CheckChannelVectors(o, 1, 2, 2));
+  CONCERTO_SHAPE_CHECK(o.InIs(0, o.In(1), "x's"));
+  return o.OutIs(0, Shape{2, o.In(1)[1]}, "sums per channel of x");
 }
 
 /// Copy: n -> n, pairwise the same shape and dtype.
@@ -831,14 +863,24 @@ const std::vector<OpTypeInfo>& OpRegistry() {
       // mean, variance, normalise, scale and shift; the gradient: two channel
       // sums and the three-term dx.
       {T::kBatchNorm, "batch_norm",
-       "(x [N, C, ...], gamma [C], beta [C]) -> (y, mean [C], invstd [C]); attrs eps; statistics over all but dim 1",
+       "(x [N, C, ...], gamma [C], beta [C][, stats [2, C]]) -> (y, mean [C], invstd [C]); attrs eps, local_stats, "
+       "count; statistics over all but dim 1 (with stats: the all-reduced sums of batch_norm_stats over count elements)",
        8, "element of x",
        CONCERTO_RULE(CheckBatchNorm(o)), KernelClass::kVector,
-       {{"eps"}, {"local_stats", false, true, 0, 1}}, sharding_rules::BatchNorm, backward_rules::BatchNorm},
-      {T::kBatchNormGrad, "batch_norm_grad", "(dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta)", 12,
+       {{"eps"}, {"local_stats", false, true, 0, 1}, {"count", false, true, 1, kAttrMax}}, sharding_rules::BatchNorm,
+       backward_rules::BatchNorm},
+      {T::kBatchNormGrad, "batch_norm_grad", "(dy, x, gamma, mean, invstd[, gstats [2, C]]) -> (dx, dgamma, dbeta)", 12,
        "element of x",
        CONCERTO_RULE(CheckBatchNormGrad(o)), KernelClass::kVector,
-       {{"eps"}, {"local_stats", false, true, 0, 1}}, sharding_rules::BatchNorm},
+       {{"eps"}, {"local_stats", false, true, 0, 1}, {"count", false, true, 1, kAttrMax}}, sharding_rules::BatchNorm},
+      {T::kBatchNormStats, "batch_norm_stats", "(x [N, C, ...]) -> stats [2, C]: sum x, sum x^2 per channel (sync-BN)",
+       2, "element of x",
+       CONCERTO_RULE(CheckBatchNormStats(o)), KernelClass::kVector,
+       {}, sharding_rules::BatchNormStats, backward_rules::Statistics},
+      {T::kBatchNormGradStats, "batch_norm_grad_stats",
+       "(dy, x, mean [C], invstd [C]) -> gstats [2, C]: sum dy, sum dy xhat per channel (sync-BN)", 4, "element of x",
+       CONCERTO_RULE(CheckBatchNormGradStats(o)), KernelClass::kVector,
+       {}, sharding_rules::BatchNormStats},
   };
   return registry;
 }

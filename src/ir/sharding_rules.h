@@ -25,5 +25,6 @@ Result<ShardingSignature> Transpose(const Op& op, const ShardingRuleContext& ctx
 Result<ShardingSignature> Conv2d(const Op& op, const ShardingRuleContext& ctx);
 Result<ShardingSignature> Pool2d(const Op& op, const ShardingRuleContext& ctx);
 Result<ShardingSignature> BatchNorm(const Op& op, const ShardingRuleContext& ctx);
+Result<ShardingSignature> BatchNormStats(const Op& op, const ShardingRuleContext& ctx);
 
 }  // namespace concerto::sharding_rules

@@ -267,12 +267,12 @@ void AddAdam(Graph* g, const std::vector<std::string>& params, const std::map<st
     ops.push_back(op);
   }
   for (Tensor& t : added) g->tensors.push_back(std::move(t));
+  std::map<std::string, int64_t> bytes_of;
+  for (const Tensor& t : g->tensors) bytes_of[t.name] = t.Bytes();
   for (Op& op : ops) {
     double bytes = 0;
     for (const auto* names : {&op.inputs, &op.outputs})
-      for (const std::string& n : *names)
-        for (const Tensor& t : g->tensors)
-          if (t.name == n) bytes += static_cast<double>(t.Bytes());
+      for (const std::string& n : *names) bytes += static_cast<double>(bytes_of.at(n));
     op.bytes = bytes;
     g->ops.push_back(std::move(op));
   }

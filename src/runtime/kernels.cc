@@ -926,19 +926,28 @@ ChannelView Channels(const Tensor& x) {
 /// spatial dims, biased variance, y = (x - mean) invstd gamma + beta.
 void BatchNormForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
   const ChannelView v = Channels(*in[0].meta);
-  const double eps = op.Attr("eps", 1e-5), count = static_cast<double>(v.n * v.inner);
+  const bool sync = in.size() == 4;  // the global sums [2, C] of batch_norm_stats, over `count` elements
+  const double eps = op.Attr("eps", 1e-5);
+  const double count = sync ? op.Attr("count", 1) : static_cast<double>(v.n * v.inner);
   const float* x = in[0].data;
   for (int64_t c = 0; c < v.c; ++c) {
-    double sum = 0, sq = 0;
-    for (int64_t n = 0; n < v.n; ++n)
-      for (int64_t i = 0; i < v.inner; ++i) sum += x[(n * v.c + c) * v.inner + i];
-    const double mean = count > 0 ? sum / count : 0;
-    for (int64_t n = 0; n < v.n; ++n)
-      for (int64_t i = 0; i < v.inner; ++i) {
-        const double d = x[(n * v.c + c) * v.inner + i] - mean;
-        sq += d * d;
-      }
-    const double invstd = 1.0 / std::sqrt((count > 0 ? sq / count : 0) + eps);
+    double mean = 0, var = 0;
+    if (sync) {
+      mean = in[3].data[c] / count;
+      var = std::max(0.0, in[3].data[v.c + c] / count - mean * mean);
+    } else {
+      double sum = 0, sq = 0;
+      for (int64_t n = 0; n < v.n; ++n)
+        for (int64_t i = 0; i < v.inner; ++i) sum += x[(n * v.c + c) * v.inner + i];
+      mean = count > 0 ? sum / count : 0;
+      for (int64_t n = 0; n < v.n; ++n)
+        for (int64_t i = 0; i < v.inner; ++i) {
+          const double d = x[(n * v.c + c) * v.inner + i] - mean;
+          sq += d * d;
+        }
+      var = count > 0 ? sq / count : 0;
+    }
+    const double invstd = 1.0 / std::sqrt(var + eps);
     out[1].data[c] = static_cast<float>(mean);
     out[2].data[c] = static_cast<float>(invstd);
     for (int64_t n = 0; n < v.n; ++n)
@@ -952,19 +961,25 @@ void BatchNormForward(const Op& op, const std::vector<KernelArg>& in, const std:
 /// (dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta): with xhat = (x -
 /// mean) invstd and M elements per channel, dbeta = sum dy, dgamma = sum dy
 /// xhat, dx = gamma invstd (dy - dbeta / M - xhat dgamma / M).
-void BatchNormBackward(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+void BatchNormBackward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
   const ChannelView v = Channels(*in[1].meta);
-  const double count = static_cast<double>(v.n * v.inner);
+  const bool sync = in.size() == 6;  // the global sums of batch_norm_grad_stats, over `count` elements
+  const double count = sync ? op.Attr("count", 1) : static_cast<double>(v.n * v.inner);
   const float *dy = in[0].data, *x = in[1].data;
   for (int64_t c = 0; c < v.c; ++c) {
     const double mean = in[3].data[c], invstd = in[4].data[c], gamma = in[2].data[c];
     double dbeta = 0, dgamma = 0;
-    for (int64_t n = 0; n < v.n; ++n)
-      for (int64_t i = 0; i < v.inner; ++i) {
-        const int64_t at = (n * v.c + c) * v.inner + i;
-        dbeta += dy[at];
-        dgamma += dy[at] * (x[at] - mean) * invstd;
-      }
+    if (sync) {
+      dbeta = in[5].data[c];
+      dgamma = in[5].data[v.c + c];
+    } else {
+      for (int64_t n = 0; n < v.n; ++n)
+        for (int64_t i = 0; i < v.inner; ++i) {
+          const int64_t at = (n * v.c + c) * v.inner + i;
+          dbeta += dy[at];
+          dgamma += dy[at] * (x[at] - mean) * invstd;
+        }
+    }
     out[1].data[c] = static_cast<float>(dgamma);
     out[2].data[c] = static_cast<float>(dbeta);
     for (int64_t n = 0; n < v.n; ++n)
@@ -974,6 +989,39 @@ void BatchNormBackward(const std::vector<KernelArg>& in, const std::vector<Kerne
         out[0].data[at] =
             static_cast<float>(gamma * invstd * (dy[at] - (dbeta + xhat * dgamma) / std::max(count, 1.0)));
       }
+  }
+}
+
+/// (x) -> [2, C]: per channel, the sum of x and of x^2 over this rank's part.
+void BatchNormStats(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const ChannelView v = Channels(*in[0].meta);
+  for (int64_t c = 0; c < v.c; ++c) {
+    double sum = 0, sq = 0;
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t i = 0; i < v.inner; ++i) {
+        const double x = in[0].data[(n * v.c + c) * v.inner + i];
+        sum += x;
+        sq += x * x;
+      }
+    out[0].data[c] = static_cast<float>(sum);
+    out[0].data[v.c + c] = static_cast<float>(sq);
+  }
+}
+
+/// (dy, x, mean, invstd) -> [2, C]: per channel, the sum of dy and of dy xhat.
+void BatchNormGradStats(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+  const ChannelView v = Channels(*in[1].meta);
+  for (int64_t c = 0; c < v.c; ++c) {
+    const double mean = in[2].data[c], invstd = in[3].data[c];
+    double sum = 0, dot = 0;
+    for (int64_t n = 0; n < v.n; ++n)
+      for (int64_t i = 0; i < v.inner; ++i) {
+        const int64_t at = (n * v.c + c) * v.inner + i;
+        sum += in[0].data[at];
+        dot += in[0].data[at] * (in[1].data[at] - mean) * invstd;
+      }
+    out[0].data[c] = static_cast<float>(sum);
+    out[0].data[v.c + c] = static_cast<float>(dot);
   }
 }
 
@@ -1047,8 +1095,10 @@ Status CheckKernel(const Op& op, const std::vector<const Tensor*>& inputs,
   // attention grad's forward output (flash-style row sums).
   const bool adam_master = op.compute_type == ComputeType::kAdam && inputs.size() == 5 && outputs.size() == 4;
   const bool attn_out = op.compute_type == ComputeType::kAttentionGrad && inputs.size() == 5;
+  const bool sync_bn = (op.compute_type == ComputeType::kBatchNorm && inputs.size() == 4) ||
+                       (op.compute_type == ComputeType::kBatchNormGrad && inputs.size() == 6);
   const bool in_ok = nin == -1 ? !inputs.empty() || op.compute_type == ComputeType::kIdentity
-                               : static_cast<int>(inputs.size()) == nin || adam_master || attn_out;
+                               : static_cast<int>(inputs.size()) == nin || adam_master || attn_out || sync_bn;
   const bool out_ok = nout == -1 ? outputs.size() == inputs.size()
                                  : static_cast<int>(outputs.size()) == nout || adam_master;
   if (!in_ok || !out_ok)
@@ -1117,7 +1167,9 @@ const std::vector<CpuKernel>& CpuKernels() {
       {T::kMaxPool2d, 1, 1, CONCERTO_KERNEL(MaxPool2dForward(op, in, out))},
       {T::kMaxPool2dGrad, 2, 1, CONCERTO_KERNEL(MaxPool2dBackward(op, in, out))},
       {T::kBatchNorm, 3, 3, CONCERTO_KERNEL(BatchNormForward(op, in, out))},
-      {T::kBatchNormGrad, 5, 3, CONCERTO_KERNEL(BatchNormBackward(in, out))},
+      {T::kBatchNormGrad, 5, 3, CONCERTO_KERNEL(BatchNormBackward(op, in, out))},
+      {T::kBatchNormStats, 1, 1, CONCERTO_KERNEL(BatchNormStats(in, out))},
+      {T::kBatchNormGradStats, 4, 1, CONCERTO_KERNEL(BatchNormGradStats(in, out))},
   };
 #undef CONCERTO_KERNEL
   return kernels;

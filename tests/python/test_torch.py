@@ -93,11 +93,11 @@ def torch_step(module, xs, labels, chunks=1):
 class NumericsTest(unittest.TestCase):
     """One step on the CPU runtime against torch: loss, every gradient, every updated parameter."""
 
-    def check(self, make, xs, labels, plan=None, chunks=1, seed=0):
+    def check(self, make, xs, labels, plan=None, chunks=1, seed=0, sync_bn=False):
         torch.manual_seed(seed)
         module = make()
         randomize(module, seed)
-        cap = ct.capture(module, xs, labels, lr=LR)
+        cap = ct.capture(module, xs, labels, lr=LR, sync_bn=sync_bn)
         program = cap.partition(plan=plan) if plan else None
         got = cap.run(module, xs, labels, program=program)
         loss, grads, updated = torch_step(module, xs, labels, chunks)
@@ -159,6 +159,12 @@ class NumericsTest(unittest.TestCase):
         # Under DDP each rank's batch norm sees its own half of the batch.
         self.check(reduced_wide_resnet, (x,), y, plan="dp=2", chunks=2)
         self.check(reduced_wide_resnet, (x,), y, plan="dp=2,zero=3", chunks=2)
+        # SyncBatchNorm: the statistics' sums all-reduced, so dp=2 is the whole batch's step.
+        p = self.check(reduced_wide_resnet, (x,), y, plan="dp=2", sync_bn=True)
+        ops = p.to_dict()["graphs"][0]["ops"]
+        sums = [op for op in ops if op.get("collective") == "all_reduce" and op["name"].endswith("sums.ar")]
+        self.assertEqual(len(sums), 2 * sum(op.get("type") == "batch_norm" for op in ops))  # forward and backward
+        self.check(reduced_wide_resnet, (x,), y, plan="dp=2,zero=3", sync_bn=True)
 
     def test_gpt_block(self):
         torch.manual_seed(7)

@@ -690,6 +690,30 @@ TEST(RuntimeKernelGradients, BatchNormOverBatchAndSpatialDims) {
   ExpectGradient(fwd, in, w, 2, grads[2], "batch_norm_grad dbeta", 1e-3, 2e-3);
 }
 
+TEST(RuntimeKernels, SynchronisedBatchNormFromSumsEqualsBatchNorm) {
+  // One rank holding the whole batch: batch_norm_stats' sums (count = 3 x 2 x 3 = 18 elements per
+  // channel) give the same y, mean, invstd and gradients as batch_norm computing its own statistics.
+  Tensor x = T("in0", {3, 2, 2, 3}), g = T("in1", {2}), y = T("out0", {3, 2, 2, 3}), c = T("out1", {2});
+  Tensor sums = T("sums", {2, 2});
+  Values in = {Random(36, 71), Random(2, 72, 0.5, 1.5), Random(2, 73)};
+  const std::map<std::string, double> attrs = {{"eps", 1e-5}}, sync = {{"eps", 1e-5}, {"count", 18}};
+  Values plain = Exec(MakeOp(ComputeType::kBatchNorm, 3, 3, attrs), {x, g, g}, in, {y, c, c});
+  Values s = Exec(MakeOp(ComputeType::kBatchNormStats, 1, 1), {x}, {in[0]}, {sums});
+  Values synced = Exec(MakeOp(ComputeType::kBatchNorm, 4, 3, sync), {x, g, g, sums}, {in[0], in[1], in[2], s[0]},
+                       {y, c, c});
+  for (size_t k = 0; k < 3; ++k)
+    for (size_t i = 0; i < plain[k].size(); ++i) EXPECT_NEAR(synced[k][i], plain[k][i], 2e-5) << k << " " << i;
+  Values dy = {Random(36, 74)};
+  Values grad = Exec(MakeOp(ComputeType::kBatchNormGrad, 5, 3, attrs), {y, x, g, c, c},
+                     {dy[0], in[0], in[1], plain[1], plain[2]}, {x, g, g});
+  Values gs = Exec(MakeOp(ComputeType::kBatchNormGradStats, 4, 1), {y, x, c, c}, {dy[0], in[0], plain[1], plain[2]},
+                   {sums});
+  Values sgrad = Exec(MakeOp(ComputeType::kBatchNormGrad, 6, 3, sync), {y, x, g, c, c, sums},
+                      {dy[0], in[0], in[1], plain[1], plain[2], gs[0]}, {x, g, g});
+  for (size_t k = 0; k < 3; ++k)
+    for (size_t i = 0; i < grad[k].size(); ++i) EXPECT_NEAR(sgrad[k][i], grad[k][i], 2e-5) << k << " " << i;
+}
+
 TEST(RuntimeKernels, ConvAndPoolShapeErrorsNameWhatIsWrong) {
   Tensor x = T("x", {1, 3, 5, 5}), w = T("w", {8, 4, 3, 3}), y = T("y", {1, 8, 3, 3});
   Op conv = MakeOp(ComputeType::kConv2d, 2, 1);

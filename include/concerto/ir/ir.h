@@ -65,8 +65,11 @@ enum class ComputeType {
   kConv2dGrad,      // (dy, x, w) -> (dx, dw)
   kMaxPool2d,       // (x [N, C, H, W]) -> y [N, C, P, Q]; attrs kernel, stride, padding
   kMaxPool2dGrad,   // (dy, x) -> dx (to the first maximum of each window)
-  kBatchNorm,       // (x [N, C, ...], gamma [C], beta [C]) -> (y, mean [C], invstd [C]); attrs eps; batch statistics
-  kBatchNormGrad,   // (dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta)
+  kBatchNorm,       // (x [N, C, ...], gamma [C], beta [C][, stats [2, C]]) -> (y, mean [C], invstd [C]); attrs eps, count
+  kBatchNormGrad,   // (dy, x, gamma, mean, invstd[, gstats]) -> (dx, dgamma, dbeta)
+  // Synchronised batch norm: the statistics summed over every rank by an all-reduce.
+  kBatchNormStats,      // (x [N, C, ...]) -> stats [2, C]: sum x, sum x^2 per channel over this rank's part
+  kBatchNormGradStats,  // (dy, x, mean, invstd) -> gstats [2, C]: sum dy, sum dy xhat per channel
 };
 
 int DTypeBytes(DType dtype);
