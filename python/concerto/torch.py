@@ -398,10 +398,15 @@ class _Lowering:
         invstd = self.new((c,), "f32", self.node.name + ".invstd")
         ins, attrs = [src, self.val(weight).name, self.val(bias).name], {"eps": float(eps)}
         if self.sync_bn:  # SyncBatchNorm: statistics from sums all-reduced over the data-parallel ranks
-            sums = self.new((2, c), "f32", self.node.name + ".sums")
-            self.emit("batch_norm_stats", [src], [sums], suffix=".sums")
-            ins.append(sums)
-            attrs["count"] = _numel(v.shape) // c
+            # Two passes, each all-reduced under a plan: the sum (the mean), then the squared deviations
+            # from it (sum x^2 - count mean^2 in fp32 loses the variance where mean^2 >> var).
+            count = _numel(v.shape) // c
+            total = self.new((1, c), "f32", self.node.name + ".sum")
+            self.emit("batch_norm_stats", [src], [total], suffix=".sum")
+            sqdev = self.new((1, c), "f32", self.node.name + ".sqdev")
+            self.emit("batch_norm_stats", [src, total], [sqdev], attrs={"count": count}, suffix=".sqdev")
+            ins += [total, sqdev]
+            attrs["count"] = count
         self.emit("batch_norm", ins, [out, mean, invstd], attrs=attrs)
         return (_Value(out, v.shape, v.dtype), _Value(mean, (c,), "f32"), _Value(invstd, (c,), "f32"))
 
@@ -612,8 +617,8 @@ class Captured:
         and all-gathers the result (the two stages give the same program: they differ in when
         DeepSpeed frees the full gradients, which is not modelled apart); with zero=3 only the
         1/N shards are kept, all-gathered before the forward and again before the backward. A parameter whose dim 0 does not divide by N is all-reduced and
-        updated whole. Batch norm keeps per-rank statistics, as torch's BatchNorm under DDP
-        (no SyncBatchNorm).
+        updated whole. Batch norm keeps per-rank statistics, as torch's BatchNorm under DDP, or,
+        captured with `sync_bn`, all-reduces its statistics' sums (SyncBatchNorm).
 
         `sharding` (a sharding file's dict or JSON text, docs/frontends.md 'Per-op sharding
         plans') runs the SPMD partitioner on the unsharded step instead: any mesh and tensor
@@ -691,7 +696,7 @@ def _data_parallel(local, dp, zero, label_count, plan):
     for op in ops:  # the mean over the global batch: each rank's gradient is its share of the sum
         if op.get("type") == "cross_entropy_grad":
             op["attrs"]["denominator"] = float(label_count)
-        if op.get("type") in ("batch_norm", "batch_norm_grad") and "count" in op["attrs"]:
+        if op.get("type") in ("batch_norm", "batch_norm_grad", "batch_norm_stats") and "count" in op.get("attrs", {}):
             op["attrs"]["count"] = op["attrs"]["count"] * dp  # SyncBatchNorm: elements over every rank
     # Gradients a synchronised batch_norm_grad computes from all-reduced sums are already global.
     global_grads = {o for op in ops if op.get("type") == "batch_norm_grad" and len(op["inputs"]) == 6
@@ -815,7 +820,8 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     "identity": then it is priced as an elementwise pass and computes nothing (the step's values
     then differ from torch's). With `sync_bn` batch norm is SyncBatchNorm: its statistics (and
     their gradients) come from per-channel sums that a data-parallel plan all-reduces
-    (batch_norm_stats, batch_norm_grad_stats), so every rank normalises with the whole batch's
+    (batch_norm_stats: the sum, then the squared deviations from its mean; batch_norm_grad_stats),
+    so every rank normalises with the whole batch's
     statistics; without it a plan keeps per-rank statistics (DDP's BatchNorm). Ops carry layer tags from the parameters' module paths (the first
     numbered component: "layer2.0", "encoder.layers.encoder_layer_3"). Raises concerto.Error naming
     the node, its ATen target and its source line when something cannot be mapped."""

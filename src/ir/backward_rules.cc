@@ -324,21 +324,22 @@ Status Conv2d(const Op& fwd, BackwardBuilder& b) {
 // batch_norm(x, gamma, beta) -> (y, mean, invstd):
 // batch_norm_grad(dy, x, gamma, mean, invstd) -> (dx, dgamma, dbeta). Only y
 // is differentiated (the statistics feed nothing differentiable).
-// Synchronised (a 4th input, the all-reduced sums of batch_norm_stats):
+// Synchronised (4th and 5th inputs, the all-reduced sum and squared
+// deviations of batch_norm_stats):
 // batch_norm_grad_stats(dy, x, mean, invstd) -> gstats (all-reduced in turn
 // where the batch is split), then batch_norm_grad(dy, x, gamma, mean, invstd,
 // gstats); the gradient through the statistics is in that formula, so none
 // flows into the sums.
 Status BatchNorm(const Op& fwd, BackwardBuilder& b) {
   const double flops = FlopsPerUnit(ComputeType::kBatchNormGrad) * Elems(b, fwd.inputs[0]);
-  if (fwd.inputs.size() == 3)
+  if (fwd.inputs.size() != 5)
     return GradOfEveryInput(fwd, b, ComputeType::kBatchNormGrad,
                             {fwd.inputs[0], fwd.inputs[1], fwd.outputs[1], fwd.outputs[2]}, flops);
   Result<std::string> dy = Dy(fwd, b);
   if (!dy.ok()) return dy.status();
   const std::string &x = fwd.inputs[0], &gamma = fwd.inputs[1], &beta = fwd.inputs[2];
-  const Tensor& stats = b.Get(fwd.inputs[3]);
-  const std::string gstats = b.NewTensor(x + ".grad.bn_sums", stats.shape, stats.dtype);
+  const Tensor& sum = b.Get(fwd.inputs[3]);
+  const std::string gstats = b.NewTensor(x + ".grad.bn_sums", {2, sum.shape[1]}, sum.dtype);
   b.Emit(".sums", ComputeType::kBatchNormGradStats, {*dy, x, fwd.outputs[1], fwd.outputs[2]}, {gstats},
          FlopsPerUnit(ComputeType::kBatchNormGradStats) * Elems(b, x));
   const std::string dx = Like(b, x + ".grad", x), dgamma = Like(b, gamma + ".grad", gamma);

@@ -592,10 +592,9 @@ std::string CheckChannelVectors(const Operands& o, size_t x, size_t first_vec, s
   return "";
 }
 
-/// The global statistics of synchronised batch norm: input `i` is [2, C] and
-/// attribute `count` (elements per channel over every rank) is >= 1.
-std::string CheckSyncStats(const Operands& o, size_t i, size_t x) {
-  CONCERTO_SHAPE_CHECK(o.InIs(i, Shape{2, o.In(x)[1]}, "sums per channel of x"));
+/// The `count` attribute of synchronised batch norm (elements per channel
+/// over every rank): >= 1.
+std::string CheckSyncCount(const Operands& o) {
   std::string error;
   auto count = o.IntAttr("count", std::nullopt, &error);
   if (!error.empty()) return error;
@@ -603,24 +602,27 @@ std::string CheckSyncStats(const Operands& o, size_t i, size_t x) {
   return "";
 }
 
-/// batch_norm: (x, gamma, beta[, stats]) -> (y, mean, invstd).
+/// batch_norm: (x, gamma, beta[, sum, sqdev]) -> (y, mean, invstd).
 std::string CheckBatchNorm(const Operands& o) {
-  CONCERTO_SHAPE_CHECK(o.NumIn() == 4 && o.NumOut() == 3 ? std::string() : o.Counts(3, 3));
+  CONCERTO_SHAPE_CHECK(o.NumIn() == 5 && o.NumOut() == 3 ? std::string() : o.Counts(3, 3));
   CONCERTO_SHAPE_CHECK(CheckChannelVectors(o, 0, 1, 2));
-  if (o.NumIn() == 4) {
-    CONCERTO_SHAPE_CHECK(CheckSyncStats(o, 3, 0));
+  if (o.NumIn() == 5) {
+    CONCERTO_SHAPE_CHECK(o.InIs(3, Shape{1, o.In(0)[1]}, "the sum of x per channel"));
+    CONCERTO_SHAPE_CHECK(o.InIs(4, Shape{1, o.In(0)[1]}, "the squared deviations' sum per channel"));
+    CONCERTO_SHAPE_CHECK(CheckSyncCount(o));
   }
   CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(0), "x's"));
   CONCERTO_SHAPE_CHECK(o.OutIs(1, o.In(1), "one per channel"));
   return o.OutIs(2, o.In(1), "one per channel");
 }
 
-/// batch_norm_grad: (dy, x, gamma, mean, invstd[, gstats]) -> (dx, dgamma, dbeta).
+/// batch_norm_grad: (dy, x, gamma, mean, invstd[, gsums]) -> (dx, dgamma, dbeta).
 std::string CheckBatchNormGrad(const Operands& o) {
   CONCERTO_SHAPE_CHECK(o.NumIn() == 6 && o.NumOut() == 3 ? std::string() : o.Counts(5, 3));
   CONCERTO_SHAPE_CHECK(CheckChannelVectors(o, 1, 2, 3));
   if (o.NumIn() == 6) {
-    CONCERTO_SHAPE_CHECK(CheckSyncStats(o, 5, 1));
+    CONCERTO_SHAPE_CHECK(o.InIs(5, Shape{2, o.In(1)[1]}, "sums per channel of x"));
+    CONCERTO_SHAPE_CHECK(CheckSyncCount(o));
   }
   CONCERTO_SHAPE_CHECK(o.InIs(0, o.In(1), "x's"));
   CONCERTO_SHAPE_CHECK(o.OutIs(0, o.In(1), "x's"));
@@ -628,11 +630,16 @@ std::string CheckBatchNormGrad(const Operands& o) {
   return o.OutIs(2, o.In(2), "gamma's");
 }
 
-/// batch_norm_stats: (x) -> stats [2, C].
+/// batch_norm_stats: (x) -> sum [1, C], or (x, sum [1, C]) -> sqdev [1, C]
+/// with `count`.
 std::string CheckBatchNormStats(const Operands& o) {
-  CONCERTO_SHAPE_CHECK(o.Counts(1, 1));
+  CONCERTO_SHAPE_CHECK(o.NumIn() == 2 && o.NumOut() == 1 ? std::string() : o.Counts(1, 1));
   CONCERTO_SHAPE_CHECK(o.InRank(0, 2));
-  return o.OutIs(0, Shape{2, o.In(0)[1]}, "sums per channel of x");
+  if (o.NumIn() == 2) {
+    CONCERTO_SHAPE_CHECK(o.InIs(1, Shape{1, o.In(0)[1]}, "the sum of x per channel"));
+    CONCERTO_SHAPE_CHECK(CheckSyncCount(o));
+  }
+  return o.OutIs(0, Shape{1, o.In(0)[1]}, "one sum per channel of x");
 }
 
 /// batch_norm_grad_stats: (dy, x, mean, invstd) -> gstats [2, C].
@@ -863,8 +870,9 @@ const std::vector<OpTypeInfo>& OpRegistry() {
       // mean, variance, normalise, scale and shift; the gradient: two channel
       // sums and the three-term dx.
       {T::kBatchNorm, "batch_norm",
-       "(x [N, C, ...], gamma [C], beta [C][, stats [2, C]]) -> (y, mean [C], invstd [C]); attrs eps, local_stats, "
-       "count; statistics over all but dim 1 (with stats: the all-reduced sums of batch_norm_stats over count elements)",
+       "(x [N, C, ...], gamma [C], beta [C][, sum [1, C], sqdev [1, C]]) -> (y, mean [C], invstd [C]); attrs eps, "
+       "local_stats, count; statistics over all but dim 1 (synchronised: the all-reduced sums of batch_norm_stats over "
+       "count elements)",
        8, "element of x",
        CONCERTO_RULE(CheckBatchNorm(o)), KernelClass::kVector,
        {{"eps"}, {"local_stats", false, true, 0, 1}, {"count", false, true, 1, kAttrMax}}, sharding_rules::BatchNorm,
@@ -873,10 +881,11 @@ const std::vector<OpTypeInfo>& OpRegistry() {
        "element of x",
        CONCERTO_RULE(CheckBatchNormGrad(o)), KernelClass::kVector,
        {{"eps"}, {"local_stats", false, true, 0, 1}, {"count", false, true, 1, kAttrMax}}, sharding_rules::BatchNorm},
-      {T::kBatchNormStats, "batch_norm_stats", "(x [N, C, ...]) -> stats [2, C]: sum x, sum x^2 per channel (sync-BN)",
-       2, "element of x",
+      {T::kBatchNormStats, "batch_norm_stats",
+       "(x [N, C, ...][, sum [1, C]]) -> [1, C]: sum x, or sum (x - sum / count)^2, per channel (sync-BN)", 2,
+       "element of x",
        CONCERTO_RULE(CheckBatchNormStats(o)), KernelClass::kVector,
-       {}, sharding_rules::BatchNormStats, backward_rules::Statistics},
+       {{"count", false, true, 1, kAttrMax}}, sharding_rules::BatchNormStats, backward_rules::Statistics},
       {T::kBatchNormGradStats, "batch_norm_grad_stats",
        "(dy, x, mean [C], invstd [C]) -> gstats [2, C]: sum dy, sum dy xhat per channel (sync-BN)", 4, "element of x",
        CONCERTO_RULE(CheckBatchNormGradStats(o)), KernelClass::kVector,

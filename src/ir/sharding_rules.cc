@@ -340,24 +340,25 @@ Result<ShardingSignature> Pool2d(const Op& op, const ShardingRuleContext&) {
 /// each rank normalises with the statistics of its own part (DDP's BatchNorm
 /// without SyncBatchNorm), the forward's mean and invstd are that rank's (not
 /// partial sums), and the gradient's dgamma and dbeta are partial over the
-/// batch -- or the op is synchronised (a [2, C] sums operand from
-/// batch_norm_stats or batch_norm_grad_stats, all-reduced by the partitioner
-/// where the batch is split): then the batch splits freely and every [C]
-/// output is the global one.
+/// batch -- or the op is synchronised (the forward's [1, C] sum and squared
+/// deviations of batch_norm_stats, the gradient's [2, C] sums of
+/// batch_norm_grad_stats, each all-reduced by the partitioner where the batch
+/// is split): then the batch splits freely and every [C] output is the
+/// global one.
 Result<ShardingSignature> BatchNorm(const Op& op, const ShardingRuleContext& ctx) {
   Sig sig = Sized(op);
   const bool grad = op.compute_type == ComputeType::kBatchNormGrad;
-  const bool sync = op.inputs.size() == (grad ? 6u : 4u);
+  const size_t first_sums = grad ? 5 : 3;  // the synchronised form's sums operands
+  const bool sync = op.inputs.size() == (grad ? 6u : 5u);
   const bool local = op.Attr("local_stats", 0) != 0;
   const size_t x = grad ? 1 : 0;
   const size_t rank = RankOf(ctx, op.inputs[x]);
   std::vector<int> dims;
   for (size_t d = 0; d < rank; ++d) dims.push_back(sig.NewLabel(d != 1 && !local && !sync));
   const int c = dims.size() > 1 ? dims[1] : dims[0];
-  const int two = sig.NewLabel(true);
   for (size_t i = 0; i < sig.in.size(); ++i) {
     const size_t r = RankOf(ctx, op.inputs[i]);
-    sig.in[i] = r == 1 ? std::vector<int>{c} : (sync && i + 1 == sig.in.size()) ? std::vector<int>{two, c} : dims;
+    sig.in[i] = r == 1 ? std::vector<int>{c} : (sync && i >= first_sums) ? std::vector<int>{sig.NewLabel(true), c} : dims;
   }
   for (size_t o = 0; o < sig.out.size(); ++o)
     sig.out[o] = RankOf(ctx, op.outputs[o]) == 1 ? std::vector<int>{c} : dims;
@@ -365,18 +366,23 @@ Result<ShardingSignature> BatchNorm(const Op& op, const ShardingRuleContext& ctx
   return sig;
 }
 
-/// batch_norm_stats (x) and batch_norm_grad_stats (dy, x, mean, invstd): x's
-/// dims split freely, the [C] operands carry the channel; the [2, C] sums are
-/// partial over every other split dim (the partitioner's all-reduce makes
-/// them the global sums sync-BN needs).
+/// batch_norm_stats (x[, sum]) and batch_norm_grad_stats (dy, x, mean,
+/// invstd): x's dims split freely, the [C] operands and the [1, C] global
+/// sum carry the channel; the [1, C] or [2, C] sums out are partial over
+/// every other split dim (the partitioner's all-reduce makes them the global
+/// sums sync-BN needs).
 Result<ShardingSignature> BatchNormStats(const Op& op, const ShardingRuleContext& ctx) {
   Sig sig = Sized(op);
   const size_t x = op.compute_type == ComputeType::kBatchNormGradStats ? 1 : 0;
   std::vector<int> dims;
   Fresh(sig, RankOf(ctx, op.inputs[x]), &dims);
-  const int c = dims[1], two = sig.NewLabel(true);
-  for (size_t i = 0; i < sig.in.size(); ++i) sig.in[i] = RankOf(ctx, op.inputs[i]) == 1 ? std::vector<int>{c} : dims;
-  sig.out[0] = {two, c};
+  const int c = dims[1];
+  for (size_t i = 0; i < sig.in.size(); ++i)
+    sig.in[i] = RankOf(ctx, op.inputs[i]) == 1 ? std::vector<int>{c}
+                : i == x                       ? dims
+                : op.compute_type == ComputeType::kBatchNormStats ? std::vector<int>{sig.NewLabel(true), c}
+                                                                  : dims;
+  sig.out[0] = {sig.NewLabel(true), c};
   return sig;
 }
 

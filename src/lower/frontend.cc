@@ -32,6 +32,9 @@ Result<Program> LowerModelPlan(const std::string& model, const std::string& plan
     if (!config.ok()) return config.status();
     return LowerVision(*config, *plan);
   }
+  Result<std::optional<VisionConfig>> vision_spec = LoadVisionSpec(model);
+  if (!vision_spec.ok()) return vision_spec.status();
+  if (*vision_spec) return LowerVision(**vision_spec, *plan);
   Result<ModelConfig> config = LoadModel(model);
   if (!config.ok()) return config.status();
   return LowerTransformer(*config, *plan);

@@ -204,7 +204,7 @@ class ModelSpecReader {
     std::string text;
     CONCERTO_RETURN_IF_ERROR(String(key, node, &text));
     std::optional<ModelFamily> f = ParseModelFamily(text);
-    if (!f) return FieldError(key, "must be gpt or llama, got '" + text + "'");
+    if (!f) return FieldError(key, "must be gpt or llama (vision models: vit, wide-resnet), got '" + text + "'");
     m_.family = *f;
     return Status::Ok();
   }

@@ -4,8 +4,11 @@
 #include "concerto/lower/vision.h"
 
 #include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <charconv>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <string>
@@ -16,6 +19,7 @@
 #include "concerto/lower/graph_builder.h"
 #include "concerto/lower/sharding_plan.h"
 #include "concerto/util/did_you_mean.h"
+#include "concerto/util/input_file.h"
 
 namespace concerto {
 namespace {
@@ -353,6 +357,102 @@ Result<VisionConfig> VisionPreset(const std::string& name) {
     return Status::Error("unknown vision model '" + name + "'" + DidYouMean(name, VisionPresetNames()));
   }
   return c;
+}
+
+namespace {
+
+/// Reads one vision spec: every field checked, unknown ones named.
+class VisionSpecReader {
+ public:
+  explicit VisionSpecReader(const std::string& source) : source_(source) {}
+
+  Result<VisionConfig> Read(const YAML::Node& root, const std::string& family) {
+    c_.kind = family == "vit" ? VisionConfig::Kind::kVit : VisionConfig::Kind::kWideResnet;
+    c_.name = std::filesystem::path(source_).stem().string();
+    if (c_.kind == VisionConfig::Kind::kWideResnet) c_.blocks = {3, 4, 6, 3};
+    const bool vit = c_.kind == VisionConfig::Kind::kVit;
+    const std::map<std::string, int*> ints =
+        vit ? std::map<std::string, int*>{{"image", &c_.image}, {"classes", &c_.classes}, {"batch", &c_.batch},
+                                         {"patch", &c_.patch},  {"layers", &c_.layers},   {"hidden", &c_.hidden},
+                                         {"heads", &c_.heads},  {"mlp", &c_.mlp}}
+            : std::map<std::string, int*>{{"image", &c_.image},
+                                         {"classes", &c_.classes},
+                                         {"batch", &c_.batch},
+                                         {"width_factor", &c_.width_factor}};
+    for (const auto& kv : root) {
+      const std::string key = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+      if (key == "family") continue;
+      if (key == "name") {
+        if (!kv.second.IsScalar()) return FieldError(key, "must be a string");
+        c_.name = kv.second.Scalar();
+      } else if (key == "dtype") {
+        std::optional<DType> d = kv.second.IsScalar() ? ParseDType(kv.second.Scalar()) : std::nullopt;
+        if (!d || *d == DType::kI32 || *d == DType::kI64) return FieldError(key, "must be bf16, f16 or f32");
+        c_.dtype = *d;
+      } else if (key == "blocks" && !vit) {
+        if (!kv.second.IsSequence() || kv.second.size() != 4)
+          return FieldError(key, "must be a list of four block counts (one per stage)");
+        for (size_t i = 0; i < 4; ++i) CONCERTO_RETURN_IF_ERROR(Integer(key, kv.second[i], &c_.blocks[i]));
+      } else if (auto it = ints.find(key); it != ints.end()) {
+        CONCERTO_RETURN_IF_ERROR(Integer(key, kv.second, it->second));
+      } else {
+        std::string known = "name, family, dtype";
+        for (const auto& [k, v] : ints) known += ", " + k;
+        if (!vit) known += ", blocks";
+        return FieldError(key, "unknown field for family " + family + " (known: " + known + ")");
+      }
+    }
+    if (vit && c_.image % c_.patch != 0)
+      return Status::Error(source_ + ": patch (" + std::to_string(c_.patch) + ") must divide image (" +
+                           std::to_string(c_.image) + ")");
+    if (vit && c_.hidden % c_.heads != 0)
+      return Status::Error(source_ + ": heads (" + std::to_string(c_.heads) + ") must divide hidden (" +
+                           std::to_string(c_.hidden) + ")");
+    if (!vit && c_.image < 32)
+      return Status::Error(source_ + ": image (" + std::to_string(c_.image) +
+                           ") must be at least 32 (the stem and three strided stages halve it five times)");
+    return c_;
+  }
+
+ private:
+  Status FieldError(const std::string& field, const std::string& what) const {
+    return Status::Error(source_ + ": field '" + field + "': " + what);
+  }
+
+  /// A positive integer written as a number, at most 2^20.
+  Status Integer(const std::string& key, const YAML::Node& node, int* out) const {
+    const std::string text = node.IsScalar() ? node.Scalar() : std::string();
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (!node.IsScalar() || node.Tag() == "!" || text.empty() || ec != std::errc() || end != text.data() + text.size() ||
+        v < 1 || v > (int64_t{1} << 20))
+      return FieldError(key, "must be a positive integer (at most 1048576), got '" + text + "'");
+    *out = static_cast<int>(v);
+    return Status::Ok();
+  }
+
+  const std::string& source_;
+  VisionConfig c_;
+};
+
+}  // namespace
+
+Result<std::optional<VisionConfig>> LoadVisionSpec(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::optional<VisionConfig>();
+  Result<std::string> text = ReadInputFile(path, "model spec file", kMaxSmallInputBytes);
+  if (!text.ok()) return text.status();
+  try {
+    const YAML::Node root = YAML::Load(*text);
+    if (!root.IsMap() || !root["family"] || !root["family"].IsScalar()) return std::optional<VisionConfig>();
+    const std::string family = root["family"].Scalar();
+    if (family != "vit" && family != "wide-resnet") return std::optional<VisionConfig>();
+    Result<VisionConfig> c = VisionSpecReader(path).Read(root, family);
+    if (!c.ok()) return c.status();
+    return std::optional<VisionConfig>(*c);
+  } catch (const YAML::Exception& e) {
+    return Status::Error(path + ": line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
 }
 
 Result<int64_t> VisionParameterCount(const VisionConfig& c) {

@@ -926,7 +926,7 @@ ChannelView Channels(const Tensor& x) {
 /// spatial dims, biased variance, y = (x - mean) invstd gamma + beta.
 void BatchNormForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
   const ChannelView v = Channels(*in[0].meta);
-  const bool sync = in.size() == 4;  // the global sums [2, C] of batch_norm_stats, over `count` elements
+  const bool sync = in.size() == 5;  // the global sum and squared deviations of batch_norm_stats, over `count`
   const double eps = op.Attr("eps", 1e-5);
   const double count = sync ? op.Attr("count", 1) : static_cast<double>(v.n * v.inner);
   const float* x = in[0].data;
@@ -934,7 +934,7 @@ void BatchNormForward(const Op& op, const std::vector<KernelArg>& in, const std:
     double mean = 0, var = 0;
     if (sync) {
       mean = in[3].data[c] / count;
-      var = std::max(0.0, in[3].data[v.c + c] / count - mean * mean);
+      var = std::max(0.0, static_cast<double>(in[4].data[c]) / count);
     } else {
       double sum = 0, sq = 0;
       for (int64_t n = 0; n < v.n; ++n)
@@ -992,19 +992,23 @@ void BatchNormBackward(const Op& op, const std::vector<KernelArg>& in, const std
   }
 }
 
-/// (x) -> [2, C]: per channel, the sum of x and of x^2 over this rank's part.
-void BatchNormStats(const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+/// (x) -> [1, C]: per channel, the sum of x over this rank's part; (x, sum)
+/// -> [1, C]: the sum of (x - sum / count)^2, the squared deviations from
+/// the global mean (two passes, as batch_norm computes its own variance: sum
+/// x^2 - count mean^2 in fp32 loses the variance where mean^2 >> var).
+void BatchNormStats(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
   const ChannelView v = Channels(*in[0].meta);
+  const bool deviations = in.size() == 2;
+  const double count = deviations ? op.Attr("count", 1) : 1;
   for (int64_t c = 0; c < v.c; ++c) {
-    double sum = 0, sq = 0;
+    const double mean = deviations ? in[1].data[c] / count : 0;
+    double sum = 0;
     for (int64_t n = 0; n < v.n; ++n)
       for (int64_t i = 0; i < v.inner; ++i) {
         const double x = in[0].data[(n * v.c + c) * v.inner + i];
-        sum += x;
-        sq += x * x;
+        sum += deviations ? (x - mean) * (x - mean) : x;
       }
     out[0].data[c] = static_cast<float>(sum);
-    out[0].data[v.c + c] = static_cast<float>(sq);
   }
 }
 
@@ -1095,8 +1099,9 @@ Status CheckKernel(const Op& op, const std::vector<const Tensor*>& inputs,
   // attention grad's forward output (flash-style row sums).
   const bool adam_master = op.compute_type == ComputeType::kAdam && inputs.size() == 5 && outputs.size() == 4;
   const bool attn_out = op.compute_type == ComputeType::kAttentionGrad && inputs.size() == 5;
-  const bool sync_bn = (op.compute_type == ComputeType::kBatchNorm && inputs.size() == 4) ||
-                       (op.compute_type == ComputeType::kBatchNormGrad && inputs.size() == 6);
+  const bool sync_bn = (op.compute_type == ComputeType::kBatchNorm && inputs.size() == 5) ||
+                       (op.compute_type == ComputeType::kBatchNormGrad && inputs.size() == 6) ||
+                       (op.compute_type == ComputeType::kBatchNormStats && inputs.size() == 2);
   const bool in_ok = nin == -1 ? !inputs.empty() || op.compute_type == ComputeType::kIdentity
                                : static_cast<int>(inputs.size()) == nin || adam_master || attn_out || sync_bn;
   const bool out_ok = nout == -1 ? outputs.size() == inputs.size()
@@ -1168,7 +1173,7 @@ const std::vector<CpuKernel>& CpuKernels() {
       {T::kMaxPool2dGrad, 2, 1, CONCERTO_KERNEL(MaxPool2dBackward(op, in, out))},
       {T::kBatchNorm, 3, 3, CONCERTO_KERNEL(BatchNormForward(op, in, out))},
       {T::kBatchNormGrad, 5, 3, CONCERTO_KERNEL(BatchNormBackward(op, in, out))},
-      {T::kBatchNormStats, 1, 1, CONCERTO_KERNEL(BatchNormStats(in, out))},
+      {T::kBatchNormStats, 1, 1, CONCERTO_KERNEL(BatchNormStats(op, in, out))},
       {T::kBatchNormGradStats, 4, 1, CONCERTO_KERNEL(BatchNormGradStats(in, out))},
   };
 #undef CONCERTO_KERNEL

@@ -304,14 +304,17 @@ Graph ComputeZoo() {
   b.AddTensor("bn_db", {4});
   b.AddCompute(ComputeType::kBatchNormGrad, {"bn", "conv", "bn_g", "bn_mean", "bn_invstd"}, {"bn_dx", "bn_dg", "bn_db"},
                {{"eps", 1e-5}});
-  // Synchronised batch norm: the sums, the forward and backward reading them.
-  b.AddTensor("bn_sums", {2, 4});
-  b.AddCompute(ComputeType::kBatchNormStats, {"conv"}, {"bn_sums"});
+  // Synchronised batch norm: the sum and squared deviations, the forward and
+  // backward reading them.
+  b.AddTensor("bn_sum", {1, 4});
+  b.AddCompute(ComputeType::kBatchNormStats, {"conv"}, {"bn_sum"});
+  b.AddTensor("bn_sqdev", {1, 4});
+  b.AddCompute(ComputeType::kBatchNormStats, {"conv", "bn_sum"}, {"bn_sqdev"}, {{"count", 18}});
   b.AddTensor("sbn", {2, 4, 3, 3});
   b.AddTensor("sbn_mean", {4});
   b.AddTensor("sbn_invstd", {4});
-  b.AddCompute(ComputeType::kBatchNorm, {"conv", "bn_g", "bn_b", "bn_sums"}, {"sbn", "sbn_mean", "sbn_invstd"},
-               {{"eps", 1e-5}, {"count", 18}});
+  b.AddCompute(ComputeType::kBatchNorm, {"conv", "bn_g", "bn_b", "bn_sum", "bn_sqdev"},
+               {"sbn", "sbn_mean", "sbn_invstd"}, {{"eps", 1e-5}, {"count", 18}});
   b.AddTensor("sbn_gsums", {2, 4});
   b.AddCompute(ComputeType::kBatchNormGradStats, {"sbn", "conv", "sbn_mean", "sbn_invstd"}, {"sbn_gsums"});
   b.AddTensor("sbn_dx", {2, 4, 3, 3});

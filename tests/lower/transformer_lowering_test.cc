@@ -222,7 +222,7 @@ TEST(Models, SpecErrorsNameFileAndField) {
   EXPECT_HAS(error(base + "dtype: i32\n"), "field 'dtype': must be bf16, f16 or f32");
   EXPECT_HAS(error("layers: 2\nhidden: 64\nheads: 4\nseq: 16\nvocab: 128\n"),
              "field 'family': missing");
-  EXPECT_HAS(error("family: bert\n"), "field 'family': must be gpt or llama, got 'bert'");
+  EXPECT_HAS(error("family: bert\n"), "field 'family': must be gpt or llama (vision models: vit, wide-resnet), got 'bert'");
   EXPECT_HAS(error("family: llama\nlayers: 2\nhidden: 64\nheads: 4\nseq: 16\nvocab: 128\n"),
              "field 'ffn_hidden': missing (required for family llama)");
   EXPECT_HAS(error(base + "kv_heads: 3\n"), "m.yaml: model 'm': kv_heads (3) must divide heads (4)");

@@ -6,7 +6,9 @@
 // concerto.torch: tests/python/test_torch.py.)
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "concerto/ir/verifier.h"
@@ -137,6 +139,64 @@ TEST(Vision, SmallVitUnderDpTpMatchesTheUnshardedStep) {
   Result<ReferenceReport> cmp = CompareToReference(ref_sp, *ref_run, sp, *run, tolerance, {});
   ASSERT_TRUE(cmp.ok()) << cmp.status().message();
   EXPECT_GT(cmp->checks.size(), 60u);  // the loss, 36 gradients, 36 updates
+}
+
+}  // namespace
+}  // namespace concerto
+
+namespace concerto {
+namespace {
+
+/// Writes `text` to a spec file under the test's temporary directory; returns its path.
+std::string SpecFile(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// A spec file of family vit or wide-resnet lowers like a preset of its sizes.
+TEST(VisionSpec, FilesLowerLikeTheirSizes) {
+  const std::string vit = std::string(CONCERTO_SOURCE_DIR) + "/examples/models/vit-tiny.yaml";
+  Result<std::optional<VisionConfig>> c = LoadVisionSpec(vit);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  ASSERT_TRUE(c->has_value());
+  EXPECT_EQ((*c)->name, "vit-tiny");
+  EXPECT_EQ((*c)->hidden, 16);
+  EXPECT_EQ((*c)->dtype, DType::kF32);
+  // torchvision's VisionTransformer(32, 8, 2 layers, 2 heads, 16, 32, 10 classes): patch conv 3*8*8*16
+  // + 16, class token 16, positions 17*16, per layer 2 norms 4*16, qkv 3*(16*16+16), out 16*16+16,
+  // MLP 16*32+32 + 32*16+16; final norm 32, head 16*10+10.
+  const int64_t layer = 4 * 16 + 3 * (16 * 16 + 16) + (16 * 16 + 16) + (16 * 32 + 32) + (32 * 16 + 16);
+  EXPECT_EQ(VisionParameterCount(**c).value(), 3 * 8 * 8 * 16 + 16 + 16 + 17 * 16 + 2 * layer + 32 + 16 * 10 + 10);
+  Result<Program> p = LowerModelPlan(vit, "dp=2,tp=2");
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_TRUE(VerifyProgram(*p).empty());
+  const std::string wrn = SpecFile("wrn.yaml", "family: wide-resnet\nblocks: [1, 1, 1, 1]\nimage: 64\nclasses: 10\n");
+  Result<std::optional<VisionConfig>> w = LoadVisionSpec(wrn);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_EQ((*w)->blocks, (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_TRUE(LowerModelPlan(wrn, "dp=2").ok());
+  // Not a vision family: left to the transformer reader.
+  Result<std::optional<VisionConfig>> gpt =
+      LoadVisionSpec(std::string(CONCERTO_SOURCE_DIR) + "/examples/models/gpt-1.3b.yaml");
+  ASSERT_TRUE(gpt.ok());
+  EXPECT_FALSE(gpt->has_value());
+}
+
+TEST(VisionSpec, BadFieldsAreNamed) {
+  auto error = [](const std::string& text) {
+    Result<std::optional<VisionConfig>> c = LoadVisionSpec(SpecFile("bad.yaml", text));
+    return c.ok() ? std::string("ok") : c.status().message();
+  };
+  EXPECT_NE(error("family: vit\nwidth_factor: 2\n").find("field 'width_factor': unknown field for family vit"),
+            std::string::npos);
+  EXPECT_NE(error("family: vit\nimage: 30\npatch: 8\n").find("patch (8) must divide image (30)"), std::string::npos);
+  EXPECT_NE(error("family: vit\nhidden: 10\nheads: 4\n").find("heads (4) must divide hidden (10)"), std::string::npos);
+  EXPECT_NE(error("family: wide-resnet\nblocks: [1, 2]\n").find("field 'blocks': must be a list of four"),
+            std::string::npos);
+  EXPECT_NE(error("family: vit\nlayers: two\n").find("field 'layers': must be a positive integer"), std::string::npos);
+  EXPECT_NE(error("family: vit\ndtype: i32\n").find("field 'dtype': must be bf16, f16 or f32"), std::string::npos);
+  EXPECT_NE(error("family: wide-resnet\nimage: 16\n").find("image (16) must be at least 32"), std::string::npos);
 }
 
 }  // namespace

@@ -68,7 +68,7 @@ enum class ComputeType {
   kBatchNorm,       // (x [N, C, ...], gamma [C], beta [C][, stats [2, C]]) -> (y, mean [C], invstd [C]); attrs eps, count
   kBatchNormGrad,   // (dy, x, gamma, mean, invstd[, gstats]) -> (dx, dgamma, dbeta)
   // Synchronised batch norm: the statistics summed over every rank by an all-reduce.
-  kBatchNormStats,      // (x [N, C, ...]) -> stats [2, C]: sum x, sum x^2 per channel over this rank's part
+  kBatchNormStats,      // (x [N, C, ...][, sum [1, C]]) -> [1, C]: sum x, or sum (x - sum/count)^2, per channel over this rank's part
   kBatchNormGradStats,  // (dy, x, mean, invstd) -> gstats [2, C]: sum dy, sum dy xhat per channel
 };
 

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,14 @@ struct VisionConfig {
 std::vector<std::string> VisionPresetNames();
 /// A preset by name; an error listing the known names otherwise.
 Result<VisionConfig> VisionPreset(const std::string& name);
+
+/// A vision model spec file (YAML or JSON, docs/frontends.md "Vision model
+/// spec files"): nullopt when `path` is not a file or its `family` is not
+/// `vit` or `wide-resnet` (the transformer spec reader takes it then), else
+/// the config or an error naming the file and field. Fields: name, family,
+/// image, classes, batch, dtype; vit: patch, layers, hidden, heads, mlp;
+/// wide-resnet: blocks (four counts), width_factor.
+Result<std::optional<VisionConfig>> LoadVisionSpec(const std::string& path);
 
 /// Trainable parameters (weights, biases, norms' scales and shifts, class
 /// token and positions).
