@@ -159,18 +159,29 @@ std::vector<int64_t> Tails(const WindowProblem& problem, const PrecedenceGraph& 
   return tail;
 }
 
-/// On one resource: for each threshold t (a head), the tasks with head >= t
-/// run one after another from t, and the last of them still has its tail to
-/// go. Tasks of zero duration do not occupy the resource and are skipped.
+/// On one resource: for each pair of thresholds, h (a head) and q (a tail),
+/// the tasks with head >= h and tail >= q run one after another from h at
+/// the earliest, and the last of them still has at least q to go: h + their
+/// work + q (Carlier's one-machine bound over every such set; with q the
+/// smallest tail of the tasks with head >= h it is the suffix bound). O(n^2)
+/// for n tasks. Tasks of zero duration do not occupy the resource and are
+/// skipped.
 int64_t ResourceBound(const WindowProblem& problem, const std::vector<int>& tasks, const std::vector<int64_t>& head,
                       const std::vector<int64_t>& tail) {
-  std::vector<int> by_head = tasks;
-  std::sort(by_head.begin(), by_head.end(), [&](int a, int b) { return head[a] > head[b]; });
-  int64_t bound = 0, work = 0, min_tail = std::numeric_limits<int64_t>::max();
-  for (int i : by_head) {
-    work += problem.tasks[i].duration;
-    min_tail = std::min(min_tail, tail[i]);
-    bound = std::max(bound, head[i] + work + min_tail);
+  std::vector<int> by_tail = tasks;  // largest tail first
+  std::sort(by_tail.begin(), by_tail.end(), [&](int a, int b) { return tail[a] > tail[b]; });
+  std::vector<int64_t> heads;
+  for (int i : tasks) heads.push_back(head[i]);
+  std::sort(heads.begin(), heads.end());
+  heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+  int64_t bound = 0;
+  for (const int64_t h : heads) {
+    int64_t work = 0;
+    for (int i : by_tail) {
+      if (head[i] < h) continue;
+      work += problem.tasks[i].duration;
+      bound = std::max(bound, h + work + tail[i]);
+    }
   }
   return bound;
 }

@@ -248,7 +248,9 @@ TEST(Autodiff, EveryForwardTypeHasABackwardRuleAndNoGradientTypeDoes) {
   int with = 0;
   for (const OpTypeInfo& info : OpRegistry()) {
     const bool is_grad = info.name.ends_with("_grad");
-    if (is_grad) EXPECT_EQ(info.backward, nullptr) << info.name;
+    if (is_grad) {
+      EXPECT_EQ(info.backward, nullptr) << info.name;
+    }
     with += info.backward != nullptr;
   }
   // The 16 gradient ops, adam, the loss chain's reduce_max, sum_exp and

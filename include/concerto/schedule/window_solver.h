@@ -139,7 +139,8 @@ Status ValidateWindowProblem(const WindowProblem& problem);
 /// A lower bound on the objective of every feasible answer, independent of
 /// any solver: heads (releases pushed along precedences) plus tails (work that
 /// must follow along precedences), and per resource the largest
-/// `t + work on it that cannot start before t + smallest tail of that work`.
+/// `h + work on it of the tasks with head >= h and tail >= q + q` over every
+/// pair of thresholds (Carlier's one-machine bound).
 /// Includes the per-resource load bound (min release + total duration).
 /// Requires a valid problem.
 int64_t WindowLowerBound(const WindowProblem& problem);
