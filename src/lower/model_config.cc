@@ -6,7 +6,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -15,6 +14,7 @@
 #include <vector>
 
 #include "concerto/lower/evoformer.h"
+#include "spec_fields.h"
 #include "concerto/util/did_you_mean.h"
 #include "concerto/util/input_file.h"
 
@@ -186,17 +186,8 @@ class ModelSpecReader {
 
   /// A positive integer written as a number (not quoted).
   Status Integer(const std::string& key, const YAML::Node& node, int* out) const {
-    const std::string text = node.IsScalar() ? node.Scalar() : std::string();
-    int64_t v = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    const bool number = node.IsScalar() && node.Tag() != "!" && !text.empty() &&
-                        ec == std::errc() && end == text.data() + text.size();
-    if (!number || v < 1 || v > kMaxModelDim)
-      return FieldError(key, "must be a positive integer (at most " +
-                                 std::to_string(kMaxModelDim) + "), got " +
-                                 (node.IsScalar() ? "'" + text + "'" : std::string("a non-scalar")));
-    *out = static_cast<int>(v);
-    return Status::Ok();
+    Status s = spec::PositiveInt(node, kMaxModelDim, out);
+    return s.ok() ? s : FieldError(key, s.message());
   }
 
   /// "gpt" or "llama".
@@ -211,13 +202,8 @@ class ModelSpecReader {
 
   /// A floating-point dtype name (bf16, f16, f32).
   Status Dtype(const std::string& key, const YAML::Node& node) {
-    std::string text;
-    CONCERTO_RETURN_IF_ERROR(String(key, node, &text));
-    std::optional<DType> d = ParseDType(text);
-    if (!d || *d == DType::kI32 || *d == DType::kI64)
-      return FieldError(key, "must be bf16, f16 or f32, got '" + text + "'");
-    m_.dtype = *d;
-    return Status::Ok();
+    Status s = spec::FloatDType(node, &m_.dtype);
+    return s.ok() ? s : FieldError(key, s.message());
   }
 
   const std::string& source_;

@@ -7,7 +7,6 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
-#include <charconv>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -20,6 +19,7 @@
 #include "concerto/lower/sharding_plan.h"
 #include "concerto/util/did_you_mean.h"
 #include "concerto/util/input_file.h"
+#include "spec_fields.h"
 
 namespace concerto {
 namespace {
@@ -386,15 +386,14 @@ class VisionSpecReader {
         if (!kv.second.IsScalar()) return FieldError(key, "must be a string");
         c_.name = kv.second.Scalar();
       } else if (key == "dtype") {
-        std::optional<DType> d = kv.second.IsScalar() ? ParseDType(kv.second.Scalar()) : std::nullopt;
-        if (!d || *d == DType::kI32 || *d == DType::kI64) return FieldError(key, "must be bf16, f16 or f32");
-        c_.dtype = *d;
+        CONCERTO_RETURN_IF_ERROR(Field(key, spec::FloatDType(kv.second, &c_.dtype)));
       } else if (key == "blocks" && !vit) {
         if (!kv.second.IsSequence() || kv.second.size() != 4)
           return FieldError(key, "must be a list of four block counts (one per stage)");
-        for (size_t i = 0; i < 4; ++i) CONCERTO_RETURN_IF_ERROR(Integer(key, kv.second[i], &c_.blocks[i]));
+        for (size_t i = 0; i < 4; ++i)
+          CONCERTO_RETURN_IF_ERROR(Field(key, spec::PositiveInt(kv.second[i], kMaxVisionDim, &c_.blocks[i])));
       } else if (auto it = ints.find(key); it != ints.end()) {
-        CONCERTO_RETURN_IF_ERROR(Integer(key, kv.second, it->second));
+        CONCERTO_RETURN_IF_ERROR(Field(key, spec::PositiveInt(kv.second, kMaxVisionDim, it->second)));
       } else {
         std::string known = "name, family, dtype";
         for (const auto& [k, v] : ints) known += ", " + k;
@@ -419,17 +418,12 @@ class VisionSpecReader {
     return Status::Error(source_ + ": field '" + field + "': " + what);
   }
 
-  /// A positive integer written as a number, at most 2^20.
-  Status Integer(const std::string& key, const YAML::Node& node, int* out) const {
-    const std::string text = node.IsScalar() ? node.Scalar() : std::string();
-    int64_t v = 0;
-    auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
-    if (!node.IsScalar() || node.Tag() == "!" || text.empty() || ec != std::errc() || end != text.data() + text.size() ||
-        v < 1 || v > (int64_t{1} << 20))
-      return FieldError(key, "must be a positive integer (at most 1048576), got '" + text + "'");
-    *out = static_cast<int>(v);
-    return Status::Ok();
+  /// `read`'s error, if any, as an error of field `key`.
+  Status Field(const std::string& key, const Status& read) const {
+    return read.ok() ? read : FieldError(key, read.message());
   }
+
+  static constexpr int64_t kMaxVisionDim = int64_t{1} << 20;
 
   const std::string& source_;
   VisionConfig c_;

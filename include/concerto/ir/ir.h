@@ -65,7 +65,7 @@ enum class ComputeType {
   kConv2dGrad,      // (dy, x, w) -> (dx, dw)
   kMaxPool2d,       // (x [N, C, H, W]) -> y [N, C, P, Q]; attrs kernel, stride, padding
   kMaxPool2dGrad,   // (dy, x) -> dx (to the first maximum of each window)
-  kBatchNorm,       // (x [N, C, ...], gamma [C], beta [C][, stats [2, C]]) -> (y, mean [C], invstd [C]); attrs eps, count
+  kBatchNorm,       // (x [N, C, ...], gamma [C], beta [C][, sum [1, C], sqdev [1, C]]) -> (y, mean [C], invstd [C]); attrs eps, count
   kBatchNormGrad,   // (dy, x, gamma, mean, invstd[, gstats]) -> (dx, dgamma, dbeta)
   // Synchronised batch norm: the statistics summed over every rank by an all-reduce.
   kBatchNormStats,      // (x [N, C, ...][, sum [1, C]]) -> [1, C]: sum x, or sum (x - sum/count)^2, per channel over this rank's part
