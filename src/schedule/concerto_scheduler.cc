@@ -96,7 +96,11 @@ class Search {
     Result<std::unique_ptr<WindowSolver>> solver = MakeWindowSolver(opts_.solver);
     if (!solver.ok()) return solver.status();
     solver_ = std::move(solver).value();
-    if (opts_.batch_windows) {
+    size_t largest_graph = 0;
+    for (const Graph& g : program_.graphs) largest_graph = std::max(largest_graph, g.ops.size());
+    const bool batch = opts_.batch_windows ||
+                       (opts_.batch_windows_from_ops > 0 && largest_graph >= static_cast<size_t>(opts_.batch_windows_from_ops));
+    if (batch) {
       batch_ = opts_.batch_solver;
       if (!batch_) {
         Result<std::unique_ptr<WindowBatchSolver>> local = NewThreadBatchSolver(opts_.solver, opts_.threads);
@@ -119,13 +123,19 @@ class Search {
       report_->rounds_run = round + 1;
       report_->makespan_after_round_us.push_back(best_.makespan_us);
       const double gain = before_us > 0 ? (before_us - best_.makespan_us) / before_us : 0;
-      const bool gain_rule = round + 1 > opts_.gain_rule_after;
+      const bool by_windows = opts_.gain_rule_after_windows > 0 &&
+                              report_->windows.size() >= static_cast<size_t>(opts_.gain_rule_after_windows);
+      const bool gain_rule = round + 1 > opts_.gain_rule_after || by_windows;
       const bool stall = gain <= 0 || (gain_rule && gain < opts_.min_round_gain);
       stalled = stall ? stalled + 1 : 0;
       if (opts_.stall_rounds > 0 && stalled >= opts_.stall_rounds && round + 1 < opts_.rounds) {
         report_->stopped_on_stall = true;
-        Say(gain_rule ? fmt::format("stopping: {} round(s) in a row gained less than {:g}% (--min-round-gain)", stalled,
-                                    100 * opts_.min_round_gain)
+        Say(gain_rule ? fmt::format("stopping: {} round(s) in a row gained less than {:g}% (--min-round-gain){}", stalled,
+                                    100 * opts_.min_round_gain,
+                                    round + 1 > opts_.gain_rule_after
+                                        ? ""
+                                        : fmt::format(", after {} windows (--gain-rule-after-windows)",
+                                                      report_->windows.size()))
                       : fmt::format("stopping: {} round(s) in a row without a gain (--stall-rounds)", stalled));
         break;
       }
@@ -774,6 +784,9 @@ Result<ScheduledProgram> RunConcerto(const Program& program, const CostModel& co
   if (options.gain_rule_after < 0) return Status::Error("option --gain-rule-after: must not be negative");
   if (!(options.min_round_gain >= 0 && options.min_round_gain <= 1))
     return Status::Error("option --min-round-gain: must be a fraction in [0, 1]");
+  if (options.gain_rule_after_windows < 0)
+    return Status::Error("option --gain-rule-after-windows: must not be negative");
+  if (options.batch_windows_from_ops < 0) return Status::Error("option --batch-windows-from: must not be negative");
   if (options.memory_budget_bytes < 0) return Status::Error("option --memory-budget: must not be negative");
   ConcertoReport local;
   Search search(program, cost, options, report ? report : &local, progress);
@@ -795,6 +808,10 @@ const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
       {"gain-rule-after", "rounds", 0, 1000,
        "concerto: rounds before --min-round-gain applies (until then only a round without any gain stalls)",
        &ConcertoOptions::gain_rule_after},
+      {"gain-rule-after-windows", "windows", 0, 1e9,
+       "concerto: --min-round-gain also applies once the search has solved this many windows (a round of a large "
+       "program solves hundreds; 0: only after --gain-rule-after rounds)",
+       &ConcertoOptions::gain_rule_after_windows},
       {"stall-rounds", "rounds", 0, 1000,
        "concerto: stop after this many stalled rounds in a row (see --min-round-gain; 0: run all --rounds)",
        &ConcertoOptions::stall_rounds},
@@ -822,6 +839,10 @@ const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
        "concerto: solve each pass's windows as one batch built from the same start ticks, in parallel (--threads, "
        "or MPI workers under concerto_mpi_run), then apply them in order; 0: one after another",
        &ConcertoOptions::batch_windows},
+      {"batch-windows-from", "ops", 0, 1e9,
+       "concerto: batches as --batch-windows 1 does when a role's graph has at least this many ops (0: only with "
+       "--batch-windows 1)",
+       &ConcertoOptions::batch_windows_from_ops},
       {"reuse-windows", "0/1", 0, 1,
        "concerto: answer a window from an identical earlier solve at the same place (speed only)",
        &ConcertoOptions::reuse_windows},

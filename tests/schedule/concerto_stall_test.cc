@@ -23,7 +23,7 @@ struct StallRun {
 
 /// Concerto on `p` with rounds = 6 and the stop rule's options.
 StallRun RunStopRule(const Program& p, const char* cluster, int block_ops, int stall_rounds, double min_round_gain,
-                     int gain_rule_after) {
+                     int gain_rule_after, int gain_rule_after_windows = 0) {
   AnalyticCostModel cost(LoadCluster(cluster).value());
   ConcertoOptions o;
   o.block_ops = block_ops;
@@ -31,6 +31,7 @@ StallRun RunStopRule(const Program& p, const char* cluster, int block_ops, int s
   o.stall_rounds = stall_rounds;
   o.min_round_gain = min_round_gain;
   o.gain_rule_after = gain_rule_after;
+  o.gain_rule_after_windows = gain_rule_after_windows;
   StallRun run;
   run.sp = RunConcerto(p, cost, o, &run.report);
   return run;
@@ -45,11 +46,12 @@ StallRun RunWithStall(int stall_rounds, double min_round_gain = 0, int gain_rule
 /// Two layers of gpt-1.3b under dp=4, tp=8 on commodity-4x8 in blocks of
 /// 125: its rounds gain 0.3%, then about 0.001%, then nothing (a later round
 /// that gains a little, which the gain rule must tell from a real gain).
-StallRun RunGainRule(int stall_rounds, double min_round_gain = 0, int gain_rule_after = 0) {
+StallRun RunGainRule(int stall_rounds, double min_round_gain = 0, int gain_rule_after = 0,
+                     int gain_rule_after_windows = 0) {
   GptConfig config = GptPreset("gpt-1.3b").value();
   config.layers = 2;
   return RunStopRule(LowerGpt(config, {4, 8}).value(), "commodity-4x8", 125, stall_rounds, min_round_gain,
-                     gain_rule_after);
+                     gain_rule_after, gain_rule_after_windows);
 }
 
 TEST(ConcertoStall, StopsOnlyAfterARoundWithoutAGainAndEveryRoundIsNeverWorse) {
@@ -117,6 +119,33 @@ TEST(ConcertoStall, TheGainRuleStopsAtTheFirstRoundThatGainsTooLittle) {
   ASSERT_TRUE(plain.sp.ok());
   EXPECT_GT(plain.report.rounds_run, rule.report.rounds_run);  // this program: the rule stops a round earlier
   EXPECT_LE(plain.report.final_makespan_us, rule.report.final_makespan_us);
+}
+
+TEST(ConcertoStall, TheGainRuleAlsoAppliesAfterEnoughWindows) {
+  // The same trace; the rule by rounds is off (gain_rule_after 6 of 6
+  // rounds). With the window count at round 1's windows the threshold
+  // applies from round 1's end on, exactly as gain_rule_after = 0 does; one
+  // window more and it waits a round longer, as gain_rule_after = 1 does.
+  const StallRun all = RunGainRule(0);
+  ASSERT_TRUE(all.sp.ok()) << all.sp.status().message();
+  const auto& a = all.report.makespan_after_round_us;
+  ASSERT_GE(a.size(), 3u);
+  int round1_windows = 0;
+  for (const WindowReport& w : all.report.windows) round1_windows += w.round == 0;
+  ASSERT_GT(round1_windows, 0);
+  const double gain2 = (a[0] - a[1]) / a[0];
+  ASSERT_GT(gain2, 0) << "round 2 gains nothing: every rule stops there";
+  const double threshold = gain2 * 1.5;  // round 2 gains too little for it
+  for (int after : {0, 1}) {
+    const StallRun by_rounds = RunGainRule(1, threshold, after);
+    const StallRun by_windows = RunGainRule(1, threshold, 6, round1_windows + after);
+    ASSERT_TRUE(by_rounds.sp.ok() && by_windows.sp.ok());
+    EXPECT_EQ(by_windows.report.rounds_run, by_rounds.report.rounds_run) << "after " << after;
+    EXPECT_EQ(by_windows.report.final_makespan_us, by_rounds.report.final_makespan_us) << "after " << after;
+    EXPECT_EQ(by_windows.report.stopped_on_stall, by_rounds.report.stopped_on_stall) << "after " << after;
+  }
+  // Round 1 gains more than the threshold, round 2 less: the search stops at round 2.
+  EXPECT_EQ(RunGainRule(1, threshold, 6, round1_windows).report.rounds_run, 2);
 }
 
 TEST(ConcertoStall, NegativeStallRoundsIsRejected) {

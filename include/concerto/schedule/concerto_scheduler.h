@@ -32,9 +32,13 @@ struct ConcertoOptions {
   /// `stall_rounds` stalled rounds in a row (0: never, run all `rounds`), at
   /// the lower bound, or at the time budget. (Before the rule: at most 4
   /// rounds, a stall only without any gain; the first 4 rounds still stop
-  /// that way, so no schedule is worse than it was then.)
+  /// that way, so no schedule is worse than it was then.) The rule also
+  /// applies once the search has solved `gain_rule_after_windows` windows: a
+  /// round of a large program solves hundreds of windows (the 100k-op
+  /// training program: 799), so its rule-free rounds would cost minutes.
   double min_round_gain = 0.0005;
   int gain_rule_after = 4;
+  int gain_rule_after_windows = 500;
   int stall_rounds = 1;
   /// Per window solve: a deterministic work limit (Gecode failed nodes, CBC
   /// nodes) and a wall-clock safety net, reported when it fires.
@@ -68,6 +72,12 @@ struct ConcertoOptions {
   /// how many threads or workers solve the batches (docs/concerto.md,
   /// "Parallel window solving").
   bool batch_windows = false;
+  /// Batches also (as batch_windows) where a role's graph has at least this
+  /// many ops (0: only with batch_windows): there a pass has hundreds of
+  /// windows and the one-after-another search leaves the second core mostly
+  /// idle. A property of the program, so the schedule still depends on
+  /// nothing but the program and the options.
+  int batch_windows_from_ops = 50000;
   /// With batch_windows: who solves the batches (not owned), e.g. MPI
   /// workers (DistributedBatchSolver); null: `threads` local threads.
   WindowBatchSolver* batch_solver = nullptr;
