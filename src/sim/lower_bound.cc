@@ -159,6 +159,41 @@ double FillDrain(std::vector<int> ops, const JoinedGraph& j, const std::vector<d
   return bound;
 }
 
+/// Carlier's one-machine bound on one stream (or link): for a head threshold
+/// h and each tail threshold q, the ops with head >= h and tail >= q all run
+/// after h, one after another, and the last of them to finish still has at
+/// least q to go: h + their work + q. FillDrain is the case where q is the
+/// smallest tail of the ops past h; dropping the ops of small tail (the last
+/// backward sends of a pipeline stage) can give more. Every (h, q) pair gives
+/// a valid bound, so on streams with many distinct heads only
+/// kPairedHeadThresholds of them, evenly spread, are tried: O(that x n).
+constexpr size_t kPairedHeadThresholds = 256;
+double PairedFillDrain(std::vector<int> ops, const JoinedGraph& j, const std::vector<double>& head,
+                       const std::vector<double>& tail, const std::function<double(int)>& work_of = nullptr) {
+  std::sort(ops.begin(), ops.end(), [&](int a, int b) { return tail[a] > tail[b]; });  // largest tail first
+  std::vector<double> heads;
+  heads.reserve(ops.size());
+  for (int i : ops) heads.push_back(head[i]);
+  std::sort(heads.begin(), heads.end());
+  heads.erase(std::unique(heads.begin(), heads.end()), heads.end());
+  if (heads.size() > kPairedHeadThresholds) {
+    std::vector<double> spread;
+    for (size_t k = 0; k < kPairedHeadThresholds; ++k)
+      spread.push_back(heads[k * (heads.size() - 1) / (kPairedHeadThresholds - 1)]);
+    heads = std::move(spread);
+  }
+  double bound = 0;
+  for (const double h : heads) {
+    double work = 0;
+    for (int i : ops) {
+      if (head[i] < h) continue;
+      work += work_of ? work_of(i) : j.dur[i];
+      bound = std::max(bound, h + work + tail[i]);
+    }
+  }
+  return bound;
+}
+
 }  // namespace
 
 double LowerBound::PlainUs() const { return std::max({critical_path_us, stream_load_us, fill_drain_us}); }
@@ -187,7 +222,7 @@ LowerBound BoundOfJoinedGraph(const JoinedGraph& j, int roles, std::vector<doubl
   for (const auto& [stream, us] : load)
     if (us > lb.stream_load_us) lb.stream_load_us = us, lb.busiest_stream = stream.substr(stream.find('/') + 1);
   for (const auto& [stream, ops] : on) {
-    const double b = FillDrain(ops, j, *head, *tail);
+    const double b = std::max(FillDrain(ops, j, *head, *tail), PairedFillDrain(ops, j, *head, *tail));
     if (b > lb.fill_drain_us) lb.fill_drain_us = b, lb.fill_drain_stream = stream;
   }
   // Links: every transfer crossing one link of a rank shares its capacity,
@@ -205,7 +240,9 @@ LowerBound BoundOfJoinedGraph(const JoinedGraph& j, int roles, std::vector<doubl
     if (us > lb.stream_load_us) lb.stream_load_us = us, lb.busiest_stream = std::string("link:") + kLinkNames[key.second];
   for (const auto& [key, ops] : on_link) {
     const int slot = key.second;
-    const double b = FillDrain(ops, j, *head, *tail, [&](int i) { return j.link_us[i][slot]; });
+    const auto link_work = [&](int i) { return j.link_us[i][slot]; };
+    const double b =
+        std::max(FillDrain(ops, j, *head, *tail, link_work), PairedFillDrain(ops, j, *head, *tail, link_work));
     if (b > lb.fill_drain_us) lb.fill_drain_us = b, lb.fill_drain_stream = "link:" + std::string(kLinkNames[slot]);
   }
   lb.lower_bound_us = std::max({lb.critical_path_us, lb.stream_load_us, lb.fill_drain_us});

@@ -139,22 +139,41 @@ Program OneGraphOnTwoRanks(const std::vector<std::string>& tensors, std::vector<
   return p;
 }
 
-/// The hand example: all-reduces A (10 us), B (1 us) and C (2 us, reads A's
-/// result) on the comm stream; compute D (13 us) reads A's result and, through
-/// two zero-duration reshapes Z1 -> Z2, B's (three edges from B to D: beyond
-/// the two edges back the plain bound's serial rule looks).
+/// The hand example: all-reduces A (10 us) and B (1 us) on the comm stream;
+/// compute D (13 us) reads A's result, compute E (5 us) reads B's. Whichever
+/// all-reduce goes second delays the compute it feeds, and only reasoning
+/// over both streams at once sees it.
 ///
-///   plain bound: critical path A -> D = 10 + 13 = 23; comm load 10 + 1 + 2
-///   = 13; fill + work + drain of comm from h = 0: 0 + 13 + the smallest tail
-///   of A, B, C (C's, 0) = 13. So 23.
+///   plain bound: critical path A -> D = 10 + 13 = 23. Comm: A (head 0,
+///   tail 13) and B (head 0, tail 5): A alone 0 + 10 + 13 = 23, both
+///   0 + 11 + 5 = 16. Compute: E (head 1), D (head 10), no tails: from
+///   h = 1, 1 + 18 = 19; from h = 10, 10 + 13 = 23. So 23.
 ///   propagation at T = 23: D's latest start is 23 - 13 = 10 and D follows
-///   A (ends >= 10), so D starts at 10 and A at 0; B must end by 10 on comm,
-///   which A holds over [0, 10): no room, so T = 23 fails, and so does every
-///   T < 24 (bisection converges on 24 up to 1e-4 relative).
-///   optimum 24:
+///   A (ends >= 10), so D runs over [10, 23) and A over [0, 10); B comes after
+///   A on comm (>= 10), so E starts at 11 or later and cannot fit beside D
+///   on compute: T = 23 fails, and so does every T < 24 (bisection converges
+///   on 24 up to 1e-4 relative).
+///   optimum 24 (A first would give 28):
+///     comm    |B|A.........|
+///     compute   |E....|    |D............|   B 0-1, E 1-6, A 1-11, D 11-24
+Program HandExample() {
+  return OneGraphOnTwoRanks({"x", "a", "b", "d", "e"},
+                            {MakeOp(0, "A", OpKind::kCollective, "comm", {"x"}, {"a"}, 10),
+                             MakeOp(1, "B", OpKind::kCollective, "comm", {"x"}, {"b"}, 1),
+                             MakeOp(2, "D", OpKind::kCompute, "compute", {"a"}, {"d"}, 13),
+                             MakeOp(3, "E", OpKind::kCompute, "compute", {"b"}, {"e"}, 5)});
+}
+
+/// Carlier's one-machine bound in the plain bound: all-reduces A (10 us)
+/// and B (1 us) on comm, C (2 us) after A; compute D (13 us) reads A's result
+/// and, through two zero-duration reshapes Z1 -> Z2, B's.
+///
+///   critical path A -> D = 10 + 13 = 23. Comm from h = 0 with the smallest
+///   tail of A, B, C (C's, 0): 0 + 13 + 0 = 13; but A and B both have tail
+///   >= 13 (D after each): 0 + 11 + 13 = 24, the optimum:
 ///     comm    |B|A.........|C.|
 ///     compute   ...........|D............|   B 0-1, Z1 Z2 at 1, A 1-11, D 11-24
-Program HandExample() {
+Program PairedExample() {
   return OneGraphOnTwoRanks({"x", "a", "b", "c", "z1", "z2", "d"},
                             {MakeOp(0, "A", OpKind::kCollective, "comm", {"x"}, {"a"}, 10),
                              MakeOp(1, "B", OpKind::kCollective, "comm", {"x"}, {"b"}, 1),
@@ -215,7 +234,7 @@ TEST(PropagationBoundTest, HandExampleBeatsThePlainBound) {
   ASSERT_TRUE(VerifyProgram(p).empty()) << VerifyProgram(p)[0];
   LowerBound plain = ComputeLowerBound(p, cost);
   EXPECT_DOUBLE_EQ(plain.critical_path_us, 23);
-  EXPECT_DOUBLE_EQ(plain.stream_load_us, 13);
+  EXPECT_DOUBLE_EQ(plain.stream_load_us, 18);
   EXPECT_DOUBLE_EQ(plain.lower_bound_us, 23);
   PropagationBound b = MustBound(p, cost);
   EXPECT_DOUBLE_EQ(b.plain_us, 23);
@@ -223,6 +242,19 @@ TEST(PropagationBoundTest, HandExampleBeatsThePlainBound) {
   EXPECT_LE(b.bound_us, 24);
   EXPECT_GE(b.bound_us, 24 * (1 - 2e-4));
   EXPECT_GT(b.probes_infeasible, 0);
+  EXPECT_DOUBLE_EQ(BruteForceOptimum(p, cost), 24);
+}
+
+TEST(PlainBoundTest, PairedFillDrainDropsTheSmallTails) {
+  AnalyticCostModel cost = Cost();
+  Program p = PairedExample();
+  ASSERT_TRUE(VerifyProgram(p).empty()) << VerifyProgram(p)[0];
+  LowerBound plain = ComputeLowerBound(p, cost);
+  EXPECT_DOUBLE_EQ(plain.critical_path_us, 23);
+  EXPECT_DOUBLE_EQ(plain.stream_load_us, 13);
+  EXPECT_DOUBLE_EQ(plain.fill_drain_us, 24);
+  EXPECT_DOUBLE_EQ(plain.lower_bound_us, 24);
+  EXPECT_EQ(plain.BindingTerm(), "fill+drain");
   EXPECT_DOUBLE_EQ(BruteForceOptimum(p, cost), 24);
 }
 
@@ -240,10 +272,10 @@ TEST(PropagationBoundTest, SkipsAboveTheOpCapAndStopsAtTheTimeBudget) {
   AnalyticCostModel cost = Cost();
   Program p = HandExample();
   PropagationBoundOptions o;
-  o.max_ops = 3;  // the program has 6
+  o.max_ops = 3;  // the program has 4
   PropagationBound b = MustBound(p, cost, o);
   EXPECT_TRUE(b.skipped);
-  EXPECT_EQ(b.skip_reason, "6 ops, more than max_ops 3");
+  EXPECT_EQ(b.skip_reason, "4 ops, more than max_ops 3");
   EXPECT_EQ(b.probes, 0);
   o = {};
   o.time_budget_s = 0;  // only the root propagation runs
