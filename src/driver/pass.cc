@@ -44,7 +44,10 @@ class DecomposePass : public Pass {
                                    report.rewrites.size(), report.candidates, report.fifo_before_us / 1e3,
                                    report.fifo_after_us / 1e3,
                                    report.rejected ? ": rejected (" + report.rejected_reason + ")" : "");
-    if (change.program_changed) c.program = std::move(out).value();
+    if (change.program_changed) {
+      c.before_decompose = std::move(c.program);
+      c.program = std::move(out).value();
+    }
     c.decompose = std::move(report);
     return change;
   }
@@ -82,6 +85,7 @@ class SchedulePass : public Pass {
     if (scheduler_ != "concerto") return RunBaseline(scheduler_, c.program, *c.cost, ToBaselineOptions(*c.options));
     ConcertoReport report;
     ConcertoOptions co = ToConcertoOptions(*c.options, c.cost->cluster());
+    if (c.before_decompose) co.undecomposed = &*c.before_decompose;
     Result<ScheduledProgram> sp = RunConcerto(c.program, *c.cost, co, &report, c.progress);
     if (!sp.ok() && report.memory_infeasible && c.options->memory_budget < 0) {
       // Nothing fits the device's default budget: say so, and show the

@@ -263,14 +263,21 @@ class Search {
   /// The critical-path list schedule over the joined graph of all roles
   /// (CriticalPathListSchedule) as a further starting point, of the input
   /// program and, when the best stripped baseline rewrote it (bucketing
-  /// changes the op count), of that baseline's program too: each replaces the
+  /// changes the op count), of that baseline's program too, and of the
+  /// program before decomposition when there is one: each replaces the
   /// starting point when it simulates faster and fits. Never the fallback,
   /// which stays a baseline. Dropped when it deadlocks.
   void TryListSchedule() {
     if (!opts_.list_schedule) return;
     if (TotalOps(best_.sp.program) != TotalOps(program_))
       TryListScheduleOf(best_.sp.program, "list+" + best_.name, "the program of '" + best_.name + "'");
-    TryListScheduleOf(program_, "list", "the input program");
+    const bool free_fits = TryListScheduleOf(program_, "list", "the input program");
+    // Only where the decomposition may have cost the fit: where the free list
+    // schedule of the decomposed program fits, starting from the undecomposed
+    // one was tried and ended slower (llama-7b dp=4,tp=8,sp on a800-4x8:
+    // 617.3 -> 627.3 ms; the chunks hide what the search later overlaps).
+    if (opts_.undecomposed && !free_fits)
+      TryListScheduleOf(*opts_.undecomposed, "list-undecomposed", "the program before decomposition");
   }
   static size_t TotalOps(const Program& p) {
     size_t n = 0;
@@ -286,7 +293,8 @@ class Search {
   /// between the last window over and the first that fits was tried: on
   /// gpt-6.7b pp=4 on commodity-4x8 the windows in between were 3% slower,
   /// not faster; makespan is not monotone in the window.)
-  void TryListScheduleOf(const Program& program, const std::string& name, const std::string& of) {
+  bool TryListScheduleOf(const Program& program, const std::string& name, const std::string& of) {
+    bool free_fits = false;
     size_t largest = 0;
     for (const Graph& g : program.graphs) largest = std::max(largest, g.ops.size());
     for (const bool in_order : {false, true}) {
@@ -319,12 +327,14 @@ class Search {
         return fits;
       };
       std::optional<bool> fits = attempt(0);
+      if (!in_order) free_fits = fits.value_or(false);
       if (!fits || *fits || opts_.memory_budget_bytes <= 0) continue;
       for (int ahead = static_cast<int>(largest / 2); ahead >= 16; ahead /= 2) {
         fits = attempt(ahead);
         if (!fits || *fits) break;  // a smaller window only holds less
       }
     }
+    return free_fits;
   }
 
   /// Keeps `sp`, a stream rewrite of the starting point described by `what`,

@@ -48,6 +48,9 @@ struct PassContext {
   /// ConcertoReportJson).
   std::optional<DecomposeReport> decompose;
   std::optional<ConcertoReport> concerto;
+  /// The program before the decompose pass changed it (concerto's search
+  /// also starts from its list schedules; ConcertoOptions::undecomposed).
+  std::optional<Program> before_decompose;
 };
 
 /// What a pass did: whether the program changed (the analyses are then

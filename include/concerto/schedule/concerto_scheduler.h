@@ -81,6 +81,11 @@ struct ConcertoOptions {
   /// With batch_windows: who solves the batches (not owned), e.g. MPI
   /// workers (DistributedBatchSolver); null: `threads` local threads.
   WindowBatchSolver* batch_solver = nullptr;
+  /// The program before the decomposition pass rewrote it (not owned; null
+  /// when it did not): its list schedules are starting points too, so a
+  /// decomposition that fifo liked but that costs the list schedule its fit
+  /// in memory (chunk buffers live longer) does not bind the search.
+  const Program* undecomposed = nullptr;
   bool fuse = true;                  // the fusion pass after decoding
   /// Consider the critical-path list schedule over the joined graph of all
   /// roles (CriticalPathListSchedule) as a starting point besides the
