@@ -487,7 +487,8 @@ nlohmann::json DecomposeReportJson(const DecomposeReport& r) {
           {"fifo_before_us", r.fifo_before_us},
           {"fifo_after_us", r.fifo_after_us},
           {"rejected", r.rejected},
-          {"rejected_reason", r.rejected_reason}};
+          {"rejected_reason", r.rejected_reason},
+          {"superseded", r.superseded}};
 }
 
 }  // namespace concerto

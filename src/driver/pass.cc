@@ -98,6 +98,10 @@ class SchedulePass : public Pass {
       report = ConcertoReport{};
       sp = RunConcerto(c.program, *c.cost, co, &report, c.progress);
     }
+    if (sp.ok() && report.undecomposed && c.decompose) {
+      c.decompose->superseded = true;
+      if (c.progress) c.progress("decompose: superseded; the schedule is of the program before decomposition");
+    }
     if (sp.ok()) c.concerto = std::move(report);
     return sp;
   }

@@ -144,6 +144,7 @@ class Search {
     if (opts_.fuse && program_.roles.size() == 1) CONCERTO_RETURN_IF_ERROR(Fuse());
     const bool fell_back = Beats(fallback_.makespan_us, fallback_.peak_bytes, best_);
     if (fell_back) best_ = std::move(fallback_);
+    report_->undecomposed = !fell_back && report_->start.rfind("list-undecomposed", 0) == 0;
     // Fusion and the fallback change the program (fused collectives, no
     // split streams), and the bound is a property of the program: report the
     // bound of the one returned.
@@ -893,6 +894,7 @@ nlohmann::json ConcertoReportJson(const ConcertoReport& r) {
                       {"reached_lower_bound", r.reached_lower_bound},
                       {"hit_time_budget", r.hit_time_budget},
                       {"stopped_on_stall", r.stopped_on_stall},
+                      {"undecomposed", r.undecomposed},
                       {"memory_budget_bytes", r.memory_budget_bytes},
                       {"peak_memory_bytes", r.peak_memory_bytes},
                       {"makespan_after_round_us", r.makespan_after_round_us}};

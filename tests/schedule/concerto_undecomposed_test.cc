@@ -47,6 +47,8 @@ TEST(ConcertoUndecomposed, StartsFromTheUndecomposedProgramWhenTheDecomposedOneD
   ASSERT_TRUE(with.ok()) << with.status().message();
   EXPECT_EQ(without_report.start.find("undecomposed"), std::string::npos) << without_report.start;
   EXPECT_EQ(with_report.start.rfind("list-undecomposed", 0), 0u) << with_report.start;
+  EXPECT_TRUE(with_report.undecomposed);
+  EXPECT_FALSE(without_report.undecomposed);
   // The schedule returned is of the undecomposed program, within the budget,
   // and no slower than the search confined to the chunked program.
   EXPECT_EQ(TotalOps(with->program), TotalOps(plain));

@@ -76,6 +76,10 @@ struct DecomposeReport {
   /// Why: "fifo is not faster", or "over the memory budget" (the chunks'
   /// slices and joins took a program that fitted over it).
   std::string rejected_reason;
+  /// Set by the driver: concerto's schedule is of the program before these
+  /// rewrites (its search started there: the chunked program's free list
+  /// schedule did not fit the memory budget; docs/concerto.md step 1).
+  bool superseded = false;
 };
 
 /// Rewrites every graph of `program`: each activation collective (tags.purpose

@@ -157,6 +157,9 @@ struct ConcertoReport {
   bool reached_lower_bound = false;
   bool hit_time_budget = false;
   bool stopped_on_stall = false;  // ConcertoOptions::stall_rounds rounds without a gain
+  /// The schedule returned is of ConcertoOptions::undecomposed (the search
+  /// started from one of its list schedules and did not fall back).
+  bool undecomposed = false;
   int64_t memory_budget_bytes = 0;
   int64_t peak_memory_bytes = 0;  // of the returned schedule
   int64_t incumbent_peak_memory_bytes = 0;
