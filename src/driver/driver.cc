@@ -157,7 +157,7 @@ Result<RunResult> RunScheduler(const Program& program, const std::string& schedu
     assert(pass.ok() && "the driver's passes are registered");
     passes.push_back(std::move(pass).value());
   }
-  PassContext context{program, std::nullopt, &cost, &options, progress, {}, std::nullopt, std::nullopt};
+  PassContext context{program, std::nullopt, &cost, &options, progress, {}, std::nullopt, std::nullopt, std::nullopt};
   CONCERTO_RETURN_IF_ERROR(RunPasses(passes, context, hook));
   assert(context.schedule && "the schedule pass sets the schedule");
   Result<RunResult> run =

@@ -56,7 +56,7 @@ TEST(SchedulePass, DdpBucketsBothGradientsIntoOneAllReduce) {
   ASSERT_TRUE(in.ok()) << in.status().message();
   const AnalyticCostModel cost = Commodity();
   const Options options;
-  PassContext context{*in, std::nullopt, &cost, &options, nullptr, {}, std::nullopt, std::nullopt};
+  PassContext context{*in, std::nullopt, &cost, &options, nullptr, {}, std::nullopt, std::nullopt, std::nullopt};
   Result<std::unique_ptr<Pass>> pass = MakePass("schedule", "ddp");
   ASSERT_TRUE(pass.ok());
   ASSERT_TRUE(RunPasses({}, context, nullptr).ok());  // nothing to run: nothing changes
@@ -77,7 +77,7 @@ TEST(SchedulePass, FifoKeepsTheProgram) {
   ASSERT_TRUE(in.ok());
   const AnalyticCostModel cost = Commodity();
   const Options options;
-  PassContext context{*in, std::nullopt, &cost, &options, nullptr, {}, std::nullopt, std::nullopt};
+  PassContext context{*in, std::nullopt, &cost, &options, nullptr, {}, std::nullopt, std::nullopt, std::nullopt};
   Result<std::unique_ptr<Pass>> pass = MakePass("schedule", "fifo");
   ASSERT_TRUE(pass.ok());
   Result<PassChange> change = (*pass)->Run(context);
