@@ -96,10 +96,8 @@ class Search {
     Result<std::unique_ptr<WindowSolver>> solver = MakeWindowSolver(opts_.solver);
     if (!solver.ok()) return solver.status();
     solver_ = std::move(solver).value();
-    size_t largest_graph = 0;
-    for (const Graph& g : program_.graphs) largest_graph = std::max(largest_graph, g.ops.size());
-    const bool batch = opts_.batch_windows ||
-                       (opts_.batch_windows_from_ops > 0 && largest_graph >= static_cast<size_t>(opts_.batch_windows_from_ops));
+    const bool batch = opts_.batch_windows || (opts_.batch_windows_from_ops > 0 &&
+                                               LargestGraphOps(program_) >= static_cast<size_t>(opts_.batch_windows_from_ops));
     if (batch) {
       batch_ = opts_.batch_solver;
       if (!batch_) {
@@ -285,6 +283,11 @@ class Search {
     for (const Graph& g : p.graphs) n += g.ops.size();
     return n;
   }
+  static size_t LargestGraphOps(const Program& p) {
+    size_t n = 0;
+    for (const Graph& g : p.graphs) n = std::max(n, g.ops.size());
+    return n;
+  }
   /// The list schedule of `program` as a starting point (named `name`); with
   /// several roles also in order (ListScheduleOptions::in_order: 1F1B's
   /// order and memory on a pipeline), each kept when it simulates faster and
@@ -296,8 +299,7 @@ class Search {
   /// not faster; makespan is not monotone in the window.)
   bool TryListScheduleOf(const Program& program, const std::string& name, const std::string& of) {
     bool free_fits = false;
-    size_t largest = 0;
-    for (const Graph& g : program.graphs) largest = std::max(largest, g.ops.size());
+    const size_t largest = LargestGraphOps(program);
     for (const bool in_order : {false, true}) {
       if (in_order && program.roles.size() < 2) break;  // one role: the same schedule
       // Returns whether the list schedule fits (nullopt: none to measure).
