@@ -1,5 +1,5 @@
 // fp32 CPU kernels for the IR's compute types (docs/ir.md section 1.6):
-// matmul through OpenBLAS cblas_sgemm, the rest as plain loops. Row
+// matmul through OpenBLAS cblas_sgemm, conv2d as im2col + cblas_dgemm, the rest as plain loops. Row
 // reductions (norms, softmax, loss) accumulate in double and store fp32.
 #include "concerto/runtime/kernels.h"
 
@@ -831,45 +831,78 @@ void ForEachTap(const Window2d& g, int64_t p, int64_t q, Fn fn) {
   }
 }
 
-/// Calls fn(y_at, x_at, w_at) for every product of conv2d: output element
-/// y_at reads x_at times w_at (flat offsets, zero padding skipped).
-template <typename Fn>
-void ForEachConvProduct(const Window2d& g, int64_t k_out, Fn fn) {
-  const int64_t plane = g.h * g.w;
-  for (int64_t n = 0; n < g.n; ++n)
-    for (int64_t k = 0; k < k_out; ++k)
-      for (int64_t p = 0; p < g.p; ++p)
-        for (int64_t q = 0; q < g.q; ++q) {
-          const int64_t y_at = ((n * k_out + k) * g.p + p) * g.q + q;
-          for (int64_t c = 0; c < g.c; ++c)
-            ForEachTap(g, p, q, [&](int64_t x_plane, int64_t i, int64_t j) {
-              fn(y_at, (n * g.c + c) * plane + x_plane, ((k * g.c + c) * g.r + i) * g.s + j);
-            });
-        }
+/// Image n's column matrix, in double: cols[(c R + i) S + j][p Q + q] =
+/// x[n, c, p*stride - pad + i, q*stride - pad + j] (0 in the padding), so
+/// that conv2d is one GEMM per image (w [K, C R S] times cols [C R S, P Q]).
+void Im2Col(const Window2d& g, const float* x, int64_t n, std::vector<double>& cols) {
+  const int64_t pq = g.p * g.q;
+  cols.assign(static_cast<size_t>(g.c * g.r * g.s * pq), 0.0);
+  for (int64_t c = 0; c < g.c; ++c) {
+    const float* plane = x + (n * g.c + c) * g.h * g.w;
+    for (int64_t p = 0; p < g.p; ++p)
+      for (int64_t q = 0; q < g.q; ++q)
+        ForEachTap(g, p, q, [&](int64_t x_plane, int64_t i, int64_t j) {
+          cols[static_cast<size_t>(((c * g.r + i) * g.s + j) * pq + p * g.q + q)] = plane[x_plane];
+        });
+  }
 }
+
+/// The transpose of Im2Col: adds every column entry back onto image n of dx.
+void Col2ImAdd(const Window2d& g, const std::vector<double>& cols, int64_t n, double* dx) {
+  const int64_t pq = g.p * g.q;
+  for (int64_t c = 0; c < g.c; ++c) {
+    double* plane = dx + (n * g.c + c) * g.h * g.w;
+    for (int64_t p = 0; p < g.p; ++p)
+      for (int64_t q = 0; q < g.q; ++q)
+        ForEachTap(g, p, q, [&](int64_t x_plane, int64_t i, int64_t j) {
+          plane[x_plane] += cols[static_cast<size_t>(((c * g.r + i) * g.s + j) * pq + p * g.q + q)];
+        });
+  }
+}
+
+/// `t`'s elements widened to double.
+std::vector<double> Widen(const float* t, int64_t n) { return std::vector<double>(t, t + n); }
 
 /// y[n, k, p, q] = sum_{c, i, j} x[n, c, p*stride - pad + i, q*stride - pad + j] w[k, c, i, j]
-/// (zero outside x), accumulated in double.
+/// (zero outside x): one double GEMM per image over its column matrix.
 void Conv2dForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
   const Window2d g = ConvWindow(op, *in[0].meta, *in[1].meta);
-  const float *x = in[0].data, *w = in[1].data;
-  std::vector<double> y(Numel(out[0]), 0.0);
-  ForEachConvProduct(g, in[1].meta->shape[0], [&](int64_t y_at, int64_t x_at, int64_t w_at) {
-    y[y_at] += static_cast<double>(x[x_at]) * w[w_at];
-  });
-  for (size_t i = 0; i < y.size(); ++i) out[0].data[i] = static_cast<float>(y[i]);
+  const int64_t k_out = in[1].meta->shape[0], crs = g.c * g.r * g.s, pq = g.p * g.q;
+  const std::vector<double> w = Widen(in[1].data, Numel(in[1]));
+  std::vector<double> cols, y(static_cast<size_t>(k_out * pq));
+  for (int64_t n = 0; n < g.n; ++n) {
+    Im2Col(g, in[0].data, n, cols);
+    if (crs > 0 && pq > 0)
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(k_out), static_cast<int>(pq),
+                  static_cast<int>(crs), 1.0, w.data(), static_cast<int>(crs), cols.data(), static_cast<int>(pq),
+                  0.0, y.data(), static_cast<int>(pq));
+    else
+      std::fill(y.begin(), y.end(), 0.0);
+    float* y_n = out[0].data + n * k_out * pq;
+    for (size_t i = 0; i < y.size(); ++i) y_n[i] = static_cast<float>(y[i]);
+  }
 }
 
-/// (dy, x, w) -> (dx, dw): each y element's dy scattered back to the x and
-/// w elements it read, accumulated in double.
+/// (dy, x, w) -> (dx, dw) by the same column matrices, in double:
+/// dw += dy_n cols_n^T and dcols_n = w^T dy_n, scattered back onto dx.
 void Conv2dBackward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
   const Window2d g = ConvWindow(op, *in[1].meta, *in[2].meta);
-  const float *dy = in[0].data, *x = in[1].data, *w = in[2].data;
-  std::vector<double> dx(Numel(out[0]), 0.0), dw(Numel(out[1]), 0.0);
-  ForEachConvProduct(g, in[2].meta->shape[0], [&](int64_t y_at, int64_t x_at, int64_t w_at) {
-    dx[x_at] += static_cast<double>(dy[y_at]) * w[w_at];
-    dw[w_at] += static_cast<double>(dy[y_at]) * x[x_at];
-  });
+  const int64_t k_out = in[2].meta->shape[0], crs = g.c * g.r * g.s, pq = g.p * g.q;
+  const std::vector<double> w = Widen(in[2].data, Numel(in[2]));
+  std::vector<double> dx(static_cast<size_t>(Numel(out[0])), 0.0), dw(static_cast<size_t>(Numel(out[1])), 0.0);
+  std::vector<double> cols, dcols(static_cast<size_t>(crs * pq));
+  if (crs > 0 && pq > 0 && k_out > 0)
+    for (int64_t n = 0; n < g.n; ++n) {
+      const std::vector<double> dy = Widen(in[0].data + n * k_out * pq, k_out * pq);
+      Im2Col(g, in[1].data, n, cols);
+      cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(k_out), static_cast<int>(crs),
+                  static_cast<int>(pq), 1.0, dy.data(), static_cast<int>(pq), cols.data(), static_cast<int>(pq),
+                  1.0, dw.data(), static_cast<int>(crs));
+      cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(crs), static_cast<int>(pq),
+                  static_cast<int>(k_out), 1.0, w.data(), static_cast<int>(crs), dy.data(), static_cast<int>(pq),
+                  0.0, dcols.data(), static_cast<int>(pq));
+      Col2ImAdd(g, dcols, n, dx.data());
+    }
   for (size_t i = 0; i < dx.size(); ++i) out[0].data[i] = static_cast<float>(dx[i]);
   for (size_t i = 0; i < dw.size(); ++i) out[1].data[i] = static_cast<float>(dw[i]);
 }
