@@ -28,14 +28,20 @@ test: build
 SANITIZE_BUILD ?= build-sanitize
 SANITIZE_TESTS ?= ir_test error_corpus_test reader_robustness_test plan_test schedule_verifier_test \
 	simulator_test window_solver_test runtime_kernels_test rank_session_test fusion_test decompose_test \
-	lower_bound_test memory_budget_test cost_model_test transformer_lowering_test moe_lower_test \
+	lower_bound_test cost_model_test transformer_lowering_test moe_lower_test \
 	sharding_plan_test graph_index_test suggestions_test
 # Under the sanitizers the CBC backend's three many-solve tests (about 50 of
 # window_solver_test's 62 s: CBC itself is not instrumented, the time is its
 # solves) are left to `make test`; the CBC adapter's other tests still run.
 SANITIZE_WINDOW_FILTER ?= --gtest_filter=-Backends/BackendTest.SameProblemSameAnswer/cbc:Backends/BackendTest.MatchesBruteForceOnRandomSmallProblems/cbc:Backends/BackendTest.HintWithTinyTimeLimitIsNeverWorse/cbc
-sanitize: setup
-	cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DCONCERTO_SANITIZE=ON
+# Built with clang (the same ASan + UBSan): its sanitizer builds are about a
+# quarter faster here than g++'s (concerto_scheduler.cc 32.7 -> 23.1 s,
+# transformer.cc 23.3 -> 13.7 s), which is CI's time; the listed tests include
+# no driver header, so the driver library is not built either.
+SANITIZE_CXX ?= clang++
+sanitize:
+	@bash scripts/setup.sh clang
+	CXX=$(SANITIZE_CXX) cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DCONCERTO_SANITIZE=ON
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target $(SANITIZE_TESTS)
 	@set -e; for t in $(SANITIZE_TESTS); do \
 	  echo "sanitize: $$t"; \
