@@ -114,29 +114,50 @@ class Search {
     CONCERTO_RETURN_IF_ERROR(PickIncumbent());
     report_->lower_bound_us = LowerBoundUs(best_.sp.program);
     CONCERTO_RETURN_IF_ERROR(InitRoles());
+    // The stop rule's unit is a round, or a pass once the rule applies by
+    // the window count: a pass of a program that large is itself hundreds of
+    // windows (the 100k-op training program: 400), so the rule is checked
+    // after each pass.
     int stalled = 0;
-    for (int round = 0; round < opts_.rounds && !Done(); ++round) {
-      const double before_us = best_.makespan_us;
-      for (int pass = 0; pass < 2 && !Done(); ++pass) CONCERTO_RETURN_IF_ERROR(RunPass(round, pass));
-      report_->rounds_run = round + 1;
-      report_->makespan_after_round_us.push_back(best_.makespan_us);
-      const double gain = before_us > 0 ? (before_us - best_.makespan_us) / before_us : 0;
+    double unit_before_us = best_.makespan_us;
+    int unit_passes = 0;
+    // Whether the search stops on the unit that ends here (after `pass` of `round`).
+    auto unit_stalls = [&](int round, int pass) {
       const bool by_windows = opts_.gain_rule_after_windows > 0 &&
                               report_->windows.size() >= static_cast<size_t>(opts_.gain_rule_after_windows);
+      const double gain = unit_before_us > 0 ? (unit_before_us - best_.makespan_us) / unit_before_us : 0;
+      const char* unit = unit_passes == 1 && by_windows ? "pass(es)" : "round(s)";
+      unit_before_us = best_.makespan_us;
+      unit_passes = 0;
       const bool gain_rule = round + 1 > opts_.gain_rule_after || by_windows;
-      const bool stall = gain <= 0 || (gain_rule && gain < opts_.min_round_gain);
-      stalled = stall ? stalled + 1 : 0;
-      if (opts_.stall_rounds > 0 && stalled >= opts_.stall_rounds && round + 1 < opts_.rounds) {
-        report_->stopped_on_stall = true;
-        Say(gain_rule ? fmt::format("stopping: {} round(s) in a row gained less than {:g}% (--min-round-gain){}", stalled,
-                                    100 * opts_.min_round_gain,
-                                    round + 1 > opts_.gain_rule_after
-                                        ? ""
-                                        : fmt::format(", after {} windows (--gain-rule-after-windows)",
-                                                      report_->windows.size()))
-                      : fmt::format("stopping: {} round(s) in a row without a gain (--stall-rounds)", stalled));
-        break;
+      stalled = gain <= 0 || (gain_rule && gain < opts_.min_round_gain) ? stalled + 1 : 0;
+      const bool more = pass == 0 || round + 1 < opts_.rounds;
+      if (opts_.stall_rounds <= 0 || stalled < opts_.stall_rounds || !more) return false;
+      report_->stopped_on_stall = true;
+      Say(gain_rule ? fmt::format("stopping: {} {} in a row gained less than {:g}% (--min-round-gain){}", stalled, unit,
+                                  100 * opts_.min_round_gain,
+                                  round + 1 > opts_.gain_rule_after
+                                      ? ""
+                                      : fmt::format(", after {} windows (--gain-rule-after-windows)",
+                                                    report_->windows.size()))
+                    : fmt::format("stopping: {} {} in a row without a gain (--stall-rounds)", stalled, unit));
+      return true;
+    };
+    bool stop = false;
+    for (int round = 0; round < opts_.rounds && !Done() && !stop; ++round) {
+      CONCERTO_RETURN_IF_ERROR(RunPass(round, 0));
+      ++unit_passes;
+      // Past the window count the odd pass is a unit of its own.
+      const bool pass_unit = opts_.gain_rule_after_windows > 0 &&
+                             report_->windows.size() >= static_cast<size_t>(opts_.gain_rule_after_windows);
+      if (pass_unit) stop = unit_stalls(round, 0);
+      if (!stop && !Done()) {
+        CONCERTO_RETURN_IF_ERROR(RunPass(round, 1));
+        ++unit_passes;
       }
+      report_->rounds_run = round + 1;
+      report_->makespan_after_round_us.push_back(best_.makespan_us);
+      if (!stop && unit_passes > 0) stop = unit_stalls(round, 1);
     }
     TakeBackBest();
     if (opts_.fuse && program_.roles.size() == 1) CONCERTO_RETURN_IF_ERROR(Fuse());
@@ -822,8 +843,8 @@ const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
        "concerto: rounds before --min-round-gain applies (until then only a round without any gain stalls)",
        &ConcertoOptions::gain_rule_after},
       {"gain-rule-after-windows", "windows", 0, 1e9,
-       "concerto: --min-round-gain also applies once the search has solved this many windows (a round of a large "
-       "program solves hundreds; 0: only after --gain-rule-after rounds)",
+       "concerto: --min-round-gain also applies once the search has solved this many windows, and from then on "
+       "after every pass (a pass of a large program solves hundreds; 0: only after --gain-rule-after rounds)",
        &ConcertoOptions::gain_rule_after_windows},
       {"stall-rounds", "rounds", 0, 1000,
        "concerto: stop after this many stalled rounds in a row (see --min-round-gain; 0: run all --rounds)",

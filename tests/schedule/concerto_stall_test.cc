@@ -123,29 +123,53 @@ TEST(ConcertoStall, TheGainRuleStopsAtTheFirstRoundThatGainsTooLittle) {
 
 TEST(ConcertoStall, TheGainRuleAlsoAppliesAfterEnoughWindows) {
   // The same trace; the rule by rounds is off (gain_rule_after 6 of 6
-  // rounds). With the window count at round 1's windows the threshold
-  // applies from round 1's end on, exactly as gain_rule_after = 0 does; one
-  // window more and it waits a round longer, as gain_rule_after = 1 does.
+  // rounds). With the window count reached within round 2's even pass,
+  // round 2 ends as one unit under the threshold, exactly as
+  // gain_rule_after = 1 does.
   const StallRun all = RunGainRule(0);
   ASSERT_TRUE(all.sp.ok()) << all.sp.status().message();
   const auto& a = all.report.makespan_after_round_us;
   ASSERT_GE(a.size(), 3u);
-  int round1_windows = 0;
-  for (const WindowReport& w : all.report.windows) round1_windows += w.round == 0;
-  ASSERT_GT(round1_windows, 0);
+  int before_even2 = 0, even2 = 0;  // windows before round 2's even pass, and in it
+  for (const WindowReport& w : all.report.windows) {
+    before_even2 += w.round == 0 || (w.round == 1 && w.pass == 0);
+    even2 += w.round == 1 && w.pass == 1;
+  }
+  ASSERT_GT(even2, 0);
   const double gain2 = (a[0] - a[1]) / a[0];
   ASSERT_GT(gain2, 0) << "round 2 gains nothing: every rule stops there";
   const double threshold = gain2 * 1.5;  // round 2 gains too little for it
-  for (int after : {0, 1}) {
-    const StallRun by_rounds = RunGainRule(1, threshold, after);
-    const StallRun by_windows = RunGainRule(1, threshold, 6, round1_windows + after);
-    ASSERT_TRUE(by_rounds.sp.ok() && by_windows.sp.ok());
-    EXPECT_EQ(by_windows.report.rounds_run, by_rounds.report.rounds_run) << "after " << after;
-    EXPECT_EQ(by_windows.report.final_makespan_us, by_rounds.report.final_makespan_us) << "after " << after;
-    EXPECT_EQ(by_windows.report.stopped_on_stall, by_rounds.report.stopped_on_stall) << "after " << after;
-  }
-  // Round 1 gains more than the threshold, round 2 less: the search stops at round 2.
-  EXPECT_EQ(RunGainRule(1, threshold, 6, round1_windows).report.rounds_run, 2);
+  const StallRun by_rounds = RunGainRule(1, threshold, 1);
+  const StallRun by_windows = RunGainRule(1, threshold, 6, before_even2 + 1);
+  ASSERT_TRUE(by_rounds.sp.ok() && by_windows.sp.ok());
+  EXPECT_EQ(by_windows.report.rounds_run, by_rounds.report.rounds_run);
+  EXPECT_EQ(by_windows.report.final_makespan_us, by_rounds.report.final_makespan_us);
+  EXPECT_EQ(by_windows.report.stopped_on_stall, by_rounds.report.stopped_on_stall);
+  EXPECT_EQ(by_windows.report.windows.size(), by_rounds.report.windows.size());
+}
+
+TEST(ConcertoStall, PastTheWindowCountEveryPassIsAUnitOfTheRule) {
+  // Once the count is reached, the rule is checked after each pass: with
+  // the count reached by round 1's odd pass and a threshold no pass can
+  // meet (100%), the search stops after that odd pass, never solving an
+  // even window; counted in rounds it would have run the even pass too.
+  const StallRun all = RunGainRule(0);
+  ASSERT_TRUE(all.sp.ok()) << all.sp.status().message();
+  int odd_windows = 0;
+  for (const WindowReport& w : all.report.windows) odd_windows += w.round == 0 && w.pass == 0;
+  ASSERT_GT(odd_windows, 0);
+  const StallRun by_pass = RunGainRule(1, 1.0, 6, odd_windows);
+  ASSERT_TRUE(by_pass.sp.ok()) << by_pass.sp.status().message();
+  EXPECT_TRUE(by_pass.report.stopped_on_stall);
+  EXPECT_EQ(by_pass.report.rounds_run, 1);
+  EXPECT_EQ(static_cast<int>(by_pass.report.windows.size()), odd_windows);
+  for (const WindowReport& w : by_pass.report.windows) EXPECT_EQ(w.pass, 0);
+  // One window short of the count: round 1 is one unit (both passes).
+  const StallRun by_round = RunGainRule(1, 1.0, 6, odd_windows + 1);
+  ASSERT_TRUE(by_round.sp.ok());
+  EXPECT_EQ(by_round.report.rounds_run, 1);
+  EXPECT_GT(by_round.report.windows.size(), by_pass.report.windows.size());
+  EXPECT_LE(by_round.report.final_makespan_us, by_pass.report.final_makespan_us);
 }
 
 TEST(ConcertoStall, NegativeStallRoundsIsRejected) {

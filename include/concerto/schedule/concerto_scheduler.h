@@ -33,12 +33,14 @@ struct ConcertoOptions {
   /// the lower bound, or at the time budget. (Before the rule: at most 4
   /// rounds, a stall only without any gain; the first 4 rounds still stop
   /// that way, so no schedule is worse than it was then.) The rule also
-  /// applies once the search has solved `gain_rule_after_windows` windows: a
-  /// round of a large program solves hundreds of windows (the 100k-op
-  /// training program: 799), so its rule-free rounds would cost minutes.
+  /// applies once the search has solved `gain_rule_after_windows` windows,
+  /// and from then on after every pass (odd or even) rather than every
+  /// round: a pass of a large program solves hundreds of windows (the
+  /// 100k-op training program: 400), so its rule-free rounds would cost
+  /// minutes.
   double min_round_gain = 0.0005;
   int gain_rule_after = 4;
-  int gain_rule_after_windows = 500;
+  int gain_rule_after_windows = 300;
   int stall_rounds = 1;
   /// Per window solve: a deterministic work limit (Gecode failed nodes, CBC
   /// nodes) and a wall-clock safety net, reported when it fires.
