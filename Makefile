@@ -26,10 +26,11 @@ test: build
 # cover the readers, verifiers, lowering, simulator, solvers and runtime (the
 # whole suite does not fit CI's time under the sanitizers); any report fails.
 SANITIZE_BUILD ?= build-sanitize
-SANITIZE_TESTS ?= ir_test error_corpus_test reader_robustness_test plan_test schedule_verifier_test \
-	simulator_test window_solver_test runtime_kernels_test rank_session_test fusion_test decompose_test \
-	lower_bound_test cost_model_test transformer_lowering_test moe_lower_test \
-	sharding_plan_test graph_index_test suggestions_test
+# They run $(JOBS) at a time, the longest first (scripts/sanitize_tests.sh).
+SANITIZE_TESTS ?= ir_test sharding_plan_test rank_session_test decompose_test lower_bound_test \
+	transformer_lowering_test window_solver_test error_corpus_test reader_robustness_test plan_test \
+	schedule_verifier_test simulator_test runtime_kernels_test fusion_test cost_model_test moe_lower_test \
+	graph_index_test suggestions_test
 # Under the sanitizers the CBC backend's three many-solve tests (about 50 of
 # window_solver_test's 62 s: CBC itself is not instrumented, the time is its
 # solves) are left to `make test`; the CBC adapter's other tests still run.
@@ -43,12 +44,7 @@ sanitize:
 	@bash scripts/setup.sh clang
 	CXX=$(SANITIZE_CXX) cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DCONCERTO_SANITIZE=ON
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target $(SANITIZE_TESTS)
-	@set -e; for t in $(SANITIZE_TESTS); do \
-	  echo "sanitize: $$t"; \
-	  filter=""; [ "$$t" = window_solver_test ] && filter="$(SANITIZE_WINDOW_FILTER)"; \
-	  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ./$(SANITIZE_BUILD)/$$t --gtest_brief=1 $$filter; \
-	done
+	SANITIZE_WINDOW_FILTER="$(SANITIZE_WINDOW_FILTER)" bash scripts/sanitize_tests.sh $(SANITIZE_BUILD) $(JOBS) $(SANITIZE_TESTS)
 
 # libFuzzer targets (fuzz/, docs/fuzzing.md), built with clang and ASan +
 # UBSan; fuzz-smoke runs each for FUZZ_SECONDS (60) and fails on any finding.

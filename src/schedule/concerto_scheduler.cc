@@ -318,44 +318,74 @@ class Search {
   /// between the last window over and the first that fits was tried: on
   /// gpt-6.7b pp=4 on commodity-4x8 the windows in between were 3% slower,
   /// not faster; makespan is not monotone in the window.)
+  /// The halvings are computed opts_.threads at a time (each is independent
+  /// of the others' outcome) and considered in order, as one at a time:
+  /// the same starting point, the same lines.
   bool TryListScheduleOf(const Program& program, const std::string& name, const std::string& of) {
     bool free_fits = false;
     const size_t largest = LargestGraphOps(program);
+    // One list schedule, simulated (no decision: that is `consider`'s).
+    struct Attempt {
+      int ahead = 0;
+      Status error;  // the list schedule or its simulation failed
+      bool scheduled = false;
+      std::optional<ScheduledProgram> sp;
+      Measured m;
+    };
     for (const bool in_order : {false, true}) {
       if (in_order && program.roles.size() < 2) break;  // one role: the same schedule
-      // Returns whether the list schedule fits (nullopt: none to measure).
-      auto attempt = [&](int ahead) -> std::optional<bool> {
-        const std::string label = (in_order ? of + ", in order" : of) +
-                                  (ahead == 0 ? "" : fmt::format(", at most {} ops ahead", ahead));
-        const std::string named = (in_order ? name + "-in-order" : name) + (ahead == 0 ? "" : "-window");
+      auto compute = [&, in_order](int ahead) {
+        Attempt at;
+        at.ahead = ahead;
         Result<Schedule> s = CriticalPathListSchedule(program, cost_, ListScheduleOptions{in_order, ahead});
-        if (!s.ok()) {
-          Say("list schedule of " + label + ": " + s.status().message() + " (not a starting point)");
+        if (!s.ok()) return at.error = s.status(), at;
+        at.scheduled = true;
+        at.sp.emplace(ScheduledProgram{program, std::move(s).value()});
+        Result<Measured> m = Measure(*at.sp, cost_, opts_.sim);
+        if (!m.ok()) return at.error = m.status(), at;
+        at.m = *m;
+        return at;
+      };
+      // Returns whether the list schedule fits (nullopt: none to measure).
+      auto consider = [&](Attempt at) -> std::optional<bool> {
+        const std::string label = (in_order ? of + ", in order" : of) +
+                                  (at.ahead == 0 ? "" : fmt::format(", at most {} ops ahead", at.ahead));
+        const std::string named = (in_order ? name + "-in-order" : name) + (at.ahead == 0 ? "" : "-window");
+        if (!at.error.ok()) {
+          Say((at.scheduled ? "list schedule of " + label + " dropped: " : "list schedule of " + label + ": ") +
+              at.error.message() + (at.scheduled ? "" : " (not a starting point)"));
           return std::nullopt;
         }
-        ScheduledProgram sp{program, std::move(s).value()};
-        Result<Measured> m = Measure(sp, cost_, opts_.sim);
-        if (!m.ok()) {
-          Say("list schedule of " + label + " dropped: " + m.status().message());
-          return std::nullopt;
-        }
-        const bool keep = Beats(*m, best_) && Fits(m->peak_bytes);
+        const Measured& m = at.m;
+        const bool fits = Fits(m.peak_bytes);
+        const bool keep = Beats(m, best_) && fits;
         Say(fmt::format("list schedule (critical path over the joined graph) of {}: {:.3f} ms, peak {:.2f} GiB{}",
-                        label, m->makespan_us / 1e3, m->peak_bytes / double(1 << 30),
-                        keep ? ""
-                             : Fits(m->peak_bytes)
-                                   ? fmt::format(" (not kept: '{}' is {:.3f} ms)", best_.name, best_.makespan_us / 1e3)
-                                   : std::string(" (not kept: over the memory budget)")));
-        const bool fits = Fits(m->peak_bytes);
-        if (keep) best_ = {std::move(sp), m->makespan_us, named, m->peak_bytes};
+                        label, m.makespan_us / 1e3, m.peak_bytes / double(1 << 30),
+                        keep  ? ""
+                        : fits ? fmt::format(" (not kept: '{}' is {:.3f} ms)", best_.name, best_.makespan_us / 1e3)
+                               : std::string(" (not kept: over the memory budget)")));
+        if (keep) best_ = {std::move(*at.sp), m.makespan_us, named, m.peak_bytes};
         return fits;
       };
-      std::optional<bool> fits = attempt(0);
+      std::optional<bool> fits = consider(compute(0));
       if (!in_order) free_fits = fits.value_or(false);
       if (!fits || *fits || opts_.memory_budget_bytes <= 0) continue;
-      for (int ahead = static_cast<int>(largest / 2); ahead >= 16; ahead /= 2) {
-        fits = attempt(ahead);
-        if (!fits || *fits) break;  // a smaller window only holds less
+      std::vector<int> aheads;
+      for (int ahead = static_cast<int>(largest / 2); ahead >= 16; ahead /= 2) aheads.push_back(ahead);
+      const size_t at_once = static_cast<size_t>(std::max(1, opts_.threads));
+      bool done = false;
+      for (size_t first = 0; first < aheads.size() && !done; first += at_once) {
+        std::vector<std::future<Attempt>> runs;
+        for (size_t k = first; k < std::min(aheads.size(), first + at_once); ++k)
+          runs.push_back(std::async(k == first ? std::launch::deferred : std::launch::async, compute, aheads[k]));
+        for (auto& run : runs) {
+          if (done) {
+            run.wait();  // computed for nothing: a smaller window before it fit
+            continue;
+          }
+          fits = consider(run.get());
+          done = !fits || *fits;  // a smaller window only holds less
+        }
       }
     }
     return free_fits;
