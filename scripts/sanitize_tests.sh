@@ -5,7 +5,8 @@
 # Exits non-zero when any test failed, after all have run.
 #
 # usage: scripts/sanitize_tests.sh BUILD JOBS TEST...
-#        (env: SANITIZE_WINDOW_FILTER, a --gtest_filter for window_solver_test)
+#        (env: SANITIZE_WINDOW_FILTER and SANITIZE_IR_FILTER, --gtest_filter
+#        arguments for window_solver_test and ir_test)
 set -uo pipefail
 if (($# < 3)); then
   echo "usage: scripts/sanitize_tests.sh BUILD JOBS TEST..." >&2
@@ -15,13 +16,14 @@ BUILD=$1
 JOBS=$2
 shift 2
 mkdir -p "$BUILD/sanitize-logs"
-export BUILD SANITIZE_WINDOW_FILTER="${SANITIZE_WINDOW_FILTER:-}"
+export BUILD SANITIZE_WINDOW_FILTER="${SANITIZE_WINDOW_FILTER:-}" SANITIZE_IR_FILTER="${SANITIZE_IR_FILTER:-}"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 run_one() {
   local t=$1 log="$BUILD/sanitize-logs/$1.log" filter=""
   [[ $t == window_solver_test ]] && filter=$SANITIZE_WINDOW_FILTER
+  [[ $t == ir_test ]] && filter=$SANITIZE_IR_FILTER
   local start=$SECONDS
   if "./$BUILD/$t" --gtest_brief=1 $filter >"$log" 2>&1; then
     echo "sanitize: $t passed ($((SECONDS - start)) s)"

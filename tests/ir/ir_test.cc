@@ -574,7 +574,9 @@ Program Chain(int n) {
   return p;
 }
 
-TEST(IrJson, HundredThousandOpsReadQuickly) {
+// A 100k-op program round-trips (the times are printed, not asserted: a
+// test's answer never depends on the machine's speed; bench/ measures them).
+TEST(IrJson, HundredThousandOpsRoundTrip) {
   Program p = Chain(100000);
   auto t0 = std::chrono::steady_clock::now();
   std::string text = WriteProgram(p);
@@ -587,7 +589,7 @@ TEST(IrJson, HundredThousandOpsReadQuickly) {
   double read_s = std::chrono::duration<double>(t2 - t1).count();
   std::printf("100k ops: %.1f MB, write %.2f s, read+verify %.2f s\n", text.size() / 1e6, write_s,
               read_s);
-  EXPECT_LT(read_s, 30.0);
+  EXPECT_EQ(WriteProgram(*back), text);
 }
 
 TEST(IrVerifier, LongCycleIsFoundIterativelyAndAbbreviated) {

@@ -687,7 +687,9 @@ TEST(BaselinesTest, GptTinyUnderEveryBaseline) {
   }
 }
 
-TEST(BaselinesTest, HundredThousandOpsStayFast) {
+// Every baseline schedules and verifies a 100k-op program (the seconds are
+// printed, not asserted: bench/ measures speed).
+TEST(BaselinesTest, HundredThousandOpsScheduleAndVerify) {
   SyntheticSpec spec;
   spec.num_ops = 100000;
   Program p = SyntheticProgram(spec);
@@ -700,7 +702,7 @@ TEST(BaselinesTest, HundredThousandOpsStayFast) {
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(sp.ok()) << name << ": " << sp.status().message();
     EXPECT_TRUE(VerifySchedule(sp->program, sp->schedule).empty()) << name;
-    EXPECT_LT(s, 20.0) << name << " took " << s << " s on 100k ops";
+    std::printf("%s: %.2f s on 100k ops\n", name.c_str(), s);
   }
 }
 
