@@ -122,9 +122,13 @@ class Search {
     double unit_before_us = best_.makespan_us;
     int unit_passes = 0;
     // Whether the search stops on the unit that ends here (after `pass` of `round`).
+    // Whether the rule applies by the window count (and its unit is a pass).
+    auto by_window_count = [&] {
+      return opts_.gain_rule_after_windows > 0 &&
+             report_->windows.size() >= static_cast<size_t>(opts_.gain_rule_after_windows);
+    };
     auto unit_stalls = [&](int round, int pass) {
-      const bool by_windows = opts_.gain_rule_after_windows > 0 &&
-                              report_->windows.size() >= static_cast<size_t>(opts_.gain_rule_after_windows);
+      const bool by_windows = by_window_count();
       const double gain = unit_before_us > 0 ? (unit_before_us - best_.makespan_us) / unit_before_us : 0;
       const char* unit = unit_passes == 1 && by_windows ? "pass(es)" : "round(s)";
       unit_before_us = best_.makespan_us;
@@ -148,9 +152,7 @@ class Search {
       CONCERTO_RETURN_IF_ERROR(RunPass(round, 0));
       ++unit_passes;
       // Past the window count the odd pass is a unit of its own.
-      const bool pass_unit = opts_.gain_rule_after_windows > 0 &&
-                             report_->windows.size() >= static_cast<size_t>(opts_.gain_rule_after_windows);
-      if (pass_unit) stop = unit_stalls(round, 0);
+      if (by_window_count()) stop = unit_stalls(round, 0);
       if (!stop && !Done()) {
         CONCERTO_RETURN_IF_ERROR(RunPass(round, 1));
         ++unit_passes;
