@@ -94,6 +94,31 @@ int NumOps(const Program& p) {
   return n;
 }
 
+/// One of execute's input values: a contiguous float32 buffer (a numpy array: one copy, no Python
+/// floats) or a sequence of numbers.
+std::vector<float> FloatValues(const py::handle& key, const py::handle& value) {
+  const std::string where = "execute: inputs['" + py::str(key).cast<std::string>() + "']";
+  if (PyObject_CheckBuffer(value.ptr()) && !py::isinstance<py::str>(value)) {
+    const py::buffer_info info = py::reinterpret_borrow<py::buffer>(value).request();
+    if (info.format != py::format_descriptor<float>::format() || info.itemsize != sizeof(float))
+      throw Error(where + ": a buffer of float32 values is needed, got format '" + info.format + "'");
+    py::ssize_t expect = info.itemsize;
+    for (py::ssize_t d = info.ndim - 1; d >= 0; --d) {
+      if (info.shape[d] > 1 && info.strides[d] != expect)
+        throw Error(where + ": the buffer is not contiguous (numpy.ascontiguousarray makes it so)");
+      expect *= info.shape[d];
+    }
+    const float* data = static_cast<const float*>(info.ptr);
+    return std::vector<float>(data, data + info.size);
+  }
+  try {
+    return value.cast<std::vector<float>>();
+  } catch (const py::cast_error&) {
+    throw Error(where + ": a flat list of numbers or a float32 buffer is needed, got " +
+                py::str(py::type::of(value)).cast<std::string>());
+  }
+}
+
 }  // namespace
 }  // namespace concerto
 
@@ -201,9 +226,11 @@ PYBIND11_MODULE(_concerto, m) {
         "every scheduler (or those named) side by side: the dict of `concerto compare --json`");
 
   m.def("execute", [](const Program& program, const std::string& scheduler, const std::string& cluster,
-                      const py::dict& options, std::map<std::string, std::vector<float>> inputs,
-                      const std::vector<std::string>& fetch, uint64_t seed) {
+                      const py::dict& options, const py::dict& input_values, const std::vector<std::string>& fetch,
+                      uint64_t seed, bool as_buffers) {
     const JobSpec spec = Spec(program, cluster, scheduler, options, "");
+    std::map<std::string, std::vector<float>> inputs;
+    for (const auto& [key, value] : input_values) inputs[py::cast<std::string>(key)] = FloatValues(key, value);
     py::dict out;
     double loss = 0;
     bool has_loss = false;
@@ -227,20 +254,26 @@ PYBIND11_MODULE(_concerto, m) {
     for (auto& [name, gt] : fetched) {
       py::dict t;
       t["shape"] = gt.shape;
-      t["values"] = std::move(gt.values);
+      if (as_buffers) {
+        t["values"] = py::bytes(reinterpret_cast<const char*>(gt.values.data()), gt.values.size() * sizeof(float));
+      } else {
+        t["values"] = std::move(gt.values);
+      }
       t["replica_error"] = gt.replica_error;
       tensors[py::str(name)] = t;
     }
     out["tensors"] = tensors;
     return out;
   }, py::arg("program"), py::arg("scheduler") = "fifo", py::arg("cluster") = "a800-4x8",
-        py::arg("options") = py::dict(), py::arg("inputs") = std::map<std::string, std::vector<float>>{},
+        py::arg("options") = py::dict(), py::arg("inputs") = py::dict(),
         py::arg("fetch") = std::vector<std::string>{}, py::arg("seed") = InitOptions{}.seed,
+        py::arg("as_buffers") = false,
         "run one step for real on the CPU runtime (every rank in this process), scheduled by `scheduler`: "
         "{'loss': the step loss (None without a cross_entropy), 'tensors': {name: {'shape', 'values', "
         "'replica_error'}}} for the tensors named in `fetch`, gathered from the ranks' shards into global "
-        "tensors (row-major). `inputs` gives graph inputs' global values {name: flat list}; the rest are "
-        "generated from `seed` (docs/runtime.md)");
+        "tensors (row-major). `inputs` gives graph inputs' global values {name: flat list, or a contiguous float32 "
+        "buffer such as a numpy array}; the rest are generated from `seed` (docs/runtime.md). With `as_buffers`, "
+        "'values' are bytes of float32 (numpy.frombuffer(v, numpy.float32)) instead of lists");
 
   m.def("partition", [](const Program& unsharded, const std::string& sharding_json, const std::string& source) {
     const ShardingPlan plan = Take(ParseShardingPlan(sharding_json, source));

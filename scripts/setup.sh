@@ -3,7 +3,7 @@
 # apt-get update at most once per call, and only when something is missing.
 # Arguments: extra packages to install too (scripts/setup.sh clang).
 set -euo pipefail
-PKGS=(g++ make cmake ninja-build pkg-config
+PKGS=(g++ make cmake ninja-build pkg-config lld
       nlohmann-json3-dev libcli11-dev libfmt-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libgecode-dev coinor-libcbc-dev libopenblas-dev

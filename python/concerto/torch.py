@@ -594,17 +594,22 @@ class Captured:
             self.program.name, self.program.num_ops, len(self.params))
 
     def values(self, module, example_inputs, labels):
-        """Every input of the step as {IR name: flat list}: the module's parameters, its
-        constants, the example inputs and the labels (what Captured.run feeds the runtime)."""
+        """Every input of the step as {IR name: flat float32 numpy array}: the module's
+        parameters, its constants, the example inputs and the labels (what Captured.run feeds
+        the runtime; concerto.execute takes the arrays' buffers without a copy to Python
+        floats)."""
+        def flat(t):
+            return t.detach().float().contiguous().flatten().numpy()
+
         out = {}
         named = dict(module.named_parameters())
         for tname, ir in self.params.items():
-            out[ir] = named[tname].detach().float().flatten().tolist()
+            out[ir] = flat(named[tname])
         for ir, t in self.constants.items():
-            out[ir] = t.detach().float().flatten().tolist()
+            out[ir] = flat(t)
         for ir, t in zip(self.inputs, example_inputs):
-            out[ir] = t.detach().float().flatten().tolist()
-        out[self.labels] = labels.detach().float().flatten().tolist()
+            out[ir] = flat(t)
+        out[self.labels] = flat(labels)
         return out
 
     def partition(self, plan=None, sharding=None):
@@ -669,11 +674,13 @@ class Captured:
                 grads[p], updated[p] = adam[ir + ".adam"]
         fetch = list(grads.values()) + list(updated.values())
         r = _concerto.execute(program, scheduler=scheduler, cluster=cluster, options=options or {},
-                              inputs=self.values(module, example_inputs, labels), fetch=fetch)
+                              inputs=self.values(module, example_inputs, labels), fetch=fetch,
+                              as_buffers=True)
 
         def tensor(ir, like):
             got = r["tensors"][ir]
-            return torch.tensor(got["values"], dtype=torch.float32).reshape(like.shape)
+            values = torch.frombuffer(bytearray(got["values"]), dtype=torch.float32)
+            return values.reshape(like.shape)
 
         return {"loss": r["loss"],
                 "grads": {p: tensor(g, named[p]) for p, g in grads.items()},

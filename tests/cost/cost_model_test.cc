@@ -36,7 +36,7 @@ Mesh DpTpMesh() {
 }
 
 /// Writes `text` to a fresh file under the test temp dir and returns its path.
-std::string WriteTemp(const std::string& name, const std::string& text) {
+std::string WriteTestFile(const std::string& name, const std::string& text) {
   std::string path = ::testing::TempDir() + "/" + name;
   std::ofstream out(path, std::ios::binary);
   out << text;
@@ -154,7 +154,7 @@ TEST(CostClusterTest, ExampleJsonLoads) {
 TEST(CostClusterTest, JsonRoundTripOfEveryPreset) {
   for (const std::string& name : ClusterPresetNames()) {
     ClusterSpec preset = *LoadCluster(name);
-    std::string path = WriteTemp("roundtrip-" + name + ".json", ClusterToJson(preset));
+    std::string path = WriteTestFile("roundtrip-" + name + ".json", ClusterToJson(preset));
     Result<ClusterSpec> back = LoadCluster(path);
     ASSERT_TRUE(back.ok()) << back.status().message();
     EXPECT_TRUE(*back == preset) << name;
@@ -162,7 +162,7 @@ TEST(CostClusterTest, JsonRoundTripOfEveryPreset) {
 }
 
 TEST(CostClusterTest, BaseOverridesAndNameFromFileStem) {
-  std::string path = WriteTemp("half-a800.yaml", "base: a800-4x8\nnodes: 2\ninter_node:\n  latency_us: 6\n");
+  std::string path = WriteTestFile("half-a800.yaml", "base: a800-4x8\nnodes: 2\ninter_node:\n  latency_us: 6\n");
   Result<ClusterSpec> c = LoadCluster(path);
   ASSERT_TRUE(c.ok()) << c.status().message();
   ClusterSpec expected = A800();
@@ -201,7 +201,7 @@ TEST(CostClusterTest, BadFilesNameFileAndField) {
       {"broken.json", "{\"nodes\": ", "broken.json: JSON parse error"},
   };
   for (const Case& c : cases) {
-    std::string path = WriteTemp(c.file, c.text);
+    std::string path = WriteTestFile(c.file, c.text);
     Result<ClusterSpec> r = LoadCluster(path);
     ASSERT_FALSE(r.ok()) << c.file;
     EXPECT_NE(r.status().message().find(c.expected), std::string::npos)
@@ -560,7 +560,7 @@ TEST(CostProfileTest, WriteReadRoundTrip) {
   EXPECT_EQ(db.size(), 3u);
   std::string text = db.Write();
   EXPECT_NE(text.find("\"format\": \"concerto-profile\""), std::string::npos);
-  Result<ProfileDb> back = ProfileDb::Read(WriteTemp("profile.json", text));
+  Result<ProfileDb> back = ProfileDb::Read(WriteTestFile("profile.json", text));
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->size(), 3u);
   EXPECT_EQ(back->Lookup("A800-SXM4-80GB", "matmul|bf16|[2,3]x[3,4]->[2,4]|"), 12.5);
@@ -622,7 +622,7 @@ TEST(CostProfileTest, BadFilesNameFileAndEntry) {
       {"p10.json", head + "[], \"extra\": 1}", "p10.json: field 'extra': unknown key"},
   };
   for (const Case& c : cases) {
-    Result<ProfileDb> r = ProfileDb::Read(WriteTemp(c.file, c.text));
+    Result<ProfileDb> r = ProfileDb::Read(WriteTestFile(c.file, c.text));
     ASSERT_FALSE(r.ok()) << c.file;
     EXPECT_NE(r.status().message().find(c.expected), std::string::npos)
         << c.file << ": got '" << r.status().message() << "'";

@@ -22,7 +22,7 @@ Op MakeOp(int id, std::vector<std::string> in, std::vector<std::string> out, std
 /// Ops 10 -> 20 through a long-named tensor (longer than the small-string
 /// buffer, so it lives on the heap), 30 reads both it and the short "x" and
 /// waits on 10 by a control edge as well.
-Graph Chain() {
+Graph IndexChain() {
   Graph g;
   g.name = "g";
   g.streams = {"compute"};
@@ -39,7 +39,7 @@ Graph Chain() {
 }
 
 TEST(GraphIndex, IndexesTensorsOpsAndEdges) {
-  const Graph g = Chain();
+  const Graph g = IndexChain();
   const GraphIndex index = GraphIndex::Build(g);
   EXPECT_EQ(index.tensor.at("x"), 0);
   EXPECT_EQ(index.tensor.at(std::string("a_tensor_name_longer_than_sixteen_chars")), 1);
@@ -55,7 +55,7 @@ TEST(GraphIndex, IndexesTensorsOpsAndEdges) {
 }
 
 TEST(GraphIndex, OutlivesItsGraphAndSharesItsNamesWithCopies) {
-  auto g = std::make_unique<Graph>(Chain());
+  auto g = std::make_unique<Graph>(IndexChain());
   GraphIndex copy;
   {
     const GraphIndex index = GraphIndex::Build(*g);

@@ -24,7 +24,7 @@ namespace {
 
 using Axes = std::vector<std::string>;
 
-ModelConfig Preset(const std::string& name) {
+ModelConfig MoePreset(const std::string& name) {
   Result<ModelConfig> m = ModelPreset(name);
   EXPECT_TRUE(m.ok()) << m.status().message();
   return m.ok() ? *m : ModelConfig{};
@@ -34,7 +34,7 @@ ModelConfig Preset(const std::string& name) {
 Program Lower(const std::string& model, const std::string& plan) {
   Result<ParallelPlan> p = ParsePlan(plan);
   EXPECT_TRUE(p.ok()) << p.status().message();
-  Result<Program> program = LowerTransformer(Preset(model), p.ok() ? *p : ParallelPlan{});
+  Result<Program> program = LowerTransformer(MoePreset(model), p.ok() ? *p : ParallelPlan{});
   EXPECT_TRUE(program.ok()) << model << " " << plan << ": " << program.status().message();
   if (!program.ok()) return Program{};
   for (const std::string& v : VerifyProgram(*program)) ADD_FAILURE() << plan << ": " << v;
@@ -42,7 +42,7 @@ Program Lower(const std::string& model, const std::string& plan) {
 }
 
 /// The message LowerTransformer rejects (model, plan) with.
-std::string Rejection(const ModelConfig& model, const std::string& plan) {
+std::string LoweringRejection(const ModelConfig& model, const std::string& plan) {
   Result<ParallelPlan> p = ParsePlan(plan);
   EXPECT_TRUE(p.ok()) << p.status().message();
   Result<Program> program = LowerTransformer(model, p.ok() ? *p : ParallelPlan{});
@@ -111,7 +111,7 @@ TEST(MoeModels, PresetsAndParameterCounts) {
   const std::vector<std::string> names = AllModelPresetNames();
   for (const char* want : {"mixtral-tiny", "mixtral-8x7b"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
-  const ModelConfig m = Preset("mixtral-8x7b");
+  const ModelConfig m = MoePreset("mixtral-8x7b");
   EXPECT_TRUE(IsMoe(m));
   EXPECT_EQ(m.experts, 8);
   EXPECT_EQ(m.top_k, 2);
@@ -127,10 +127,10 @@ TEST(MoeModels, PresetsAndParameterCounts) {
   // mixtral-tiny: attention 2 x 256^2 + 2 x 256 x 64 = 163,840; experts 4 x 3
   // x 256^2 = 786,432; router 1,024; norms 512: 951,808 per layer; x 2 +
   // 2 x 512 x 256 + 256 = 2,166,016. Capacity ceil(1.0 x 64 x 2 / 4) = 32.
-  const ModelConfig tiny = Preset("mixtral-tiny");
+  const ModelConfig tiny = MoePreset("mixtral-tiny");
   EXPECT_EQ(ModelParameterCount(tiny), 2166016);
   EXPECT_EQ(MoeCapacity(tiny), 32);
-  EXPECT_EQ(MoeCapacity(Preset("llama-tiny")), 0);
+  EXPECT_EQ(MoeCapacity(MoePreset("llama-tiny")), 0);
 }
 
 TEST(MoeModels, SpecFilesMatchThePresets) {
@@ -138,7 +138,7 @@ TEST(MoeModels, SpecFilesMatchThePresets) {
     Result<ModelConfig> file =
         LoadModelFile(std::string(CONCERTO_SOURCE_DIR) + "/examples/models/" + name + ".yaml");
     ASSERT_TRUE(file.ok()) << file.status().message();
-    const ModelConfig preset = Preset(name);
+    const ModelConfig preset = MoePreset(name);
     EXPECT_EQ(file->experts, preset.experts);
     EXPECT_EQ(file->top_k, preset.top_k);
     EXPECT_EQ(file->capacity_factor, preset.capacity_factor);
@@ -177,17 +177,17 @@ TEST(MoeModels, BadFieldsAreRejectedNamingThem) {
 // ---- plans ---------------------------------------------------------------------
 
 TEST(MoePlans, ImpossiblePlansSayWhichConstraintFailed) {
-  const ModelConfig tiny = Preset("mixtral-tiny");  // 4 experts
-  EXPECT_HAS(Rejection(tiny, "dp=3,ep=3"), "ep (3) must divide experts (4)");
-  EXPECT_HAS(Rejection(tiny, "dp=2,ep=4"),
+  const ModelConfig tiny = MoePreset("mixtral-tiny");  // 4 experts
+  EXPECT_HAS(LoweringRejection(tiny, "dp=3,ep=3"), "ep (3) must divide experts (4)");
+  EXPECT_HAS(LoweringRejection(tiny, "dp=2,ep=4"),
              "ep (4) must divide dp (2): the expert-parallel group is carved out of the "
              "data-parallel ranks");
-  EXPECT_HAS(Rejection(Preset("llama-tiny"), "dp=2,ep=2"),
+  EXPECT_HAS(LoweringRejection(MoePreset("llama-tiny"), "dp=2,ep=2"),
              "'llama-tiny' is a dense llama decoder with no experts");
-  EXPECT_HAS(Rejection(tiny, "dp=2,ep=2,zero=1"), "zero=1 with ep > 1 is not supported");
-  EXPECT_HAS(Rejection(tiny, "tp=2,sp"), "sp (sequence parallelism) is not supported with a "
+  EXPECT_HAS(LoweringRejection(tiny, "dp=2,ep=2,zero=1"), "zero=1 with ep > 1 is not supported");
+  EXPECT_HAS(LoweringRejection(tiny, "tp=2,sp"), "sp (sequence parallelism) is not supported with a "
                                          "mixture-of-experts model");
-  EXPECT_HAS(Rejection(tiny, "dp=8,zero=2"), "must divide experts (4)");
+  EXPECT_HAS(LoweringRejection(tiny, "dp=8,zero=2"), "must divide experts (4)");
   Status world = ValidatePlan(tiny, ParsePlan("dp=4,ep=2,tp=2").value(), 4);
   EXPECT_HAS(world.message(), "dp x tp x pp (8) must equal the world size (4)");
 }

@@ -86,14 +86,14 @@ const char* kLlamaMixed = R"({
   }
 })";
 
-ShardingPlan Parse(const std::string& text) {
+ShardingPlan ParseSharding(const std::string& text) {
   Result<ShardingPlan> plan = ParseShardingPlan(text, "plan.json");
   EXPECT_TRUE(plan.ok()) << plan.status().message();
   return plan.ok() ? *plan : ShardingPlan{};
 }
 
 /// The error message of parsing `text` ("" when it parses).
-std::string ParseError(const std::string& text) {
+std::string ShardingParseError(const std::string& text) {
   Result<ShardingPlan> plan = ParseShardingPlan(text, "plan.json");
   return plan.ok() ? "" : plan.status().message();
 }
@@ -110,7 +110,7 @@ std::string PartitionError(const std::string& text) {
 // The file and its errors.
 
 TEST(ShardingPlanFile, ParsesMeshInFileOrderAndRulesInOrder) {
-  ShardingPlan p = Parse(kGptMixed);
+  ShardingPlan p = ParseSharding(kGptMixed);
   ASSERT_EQ(p.mesh.axes.size(), 2u);
   EXPECT_EQ(p.mesh.axes[0].name, "dp");
   EXPECT_EQ(p.mesh.axes[1].name, "tp");
@@ -121,32 +121,32 @@ TEST(ShardingPlanFile, ParsesMeshInFileOrderAndRulesInOrder) {
   EXPECT_EQ(p.rules[3].dims[1].segments, (std::vector<int64_t>{256, 256, 256}));
   EXPECT_EQ(p.rules[7].dims[0].axes, (std::vector<std::string>{"dp", "tp"}));
   // A single axis may be written as a string.
-  ShardingPlan q = Parse(R"({"mesh": {"tp": 2}, "tensors": {"x*": [[], "tp"], "y": "replicated"}})");
+  ShardingPlan q = ParseSharding(R"({"mesh": {"tp": 2}, "tensors": {"x*": [[], "tp"], "y": "replicated"}})");
   EXPECT_EQ(q.rules[0].dims[1].axes, std::vector<std::string>{"tp"});
   EXPECT_TRUE(q.rules[1].replicated);
 }
 
 TEST(ShardingPlanFile, RejectsBadFilesNamingWhatIsWrong) {
-  EXPECT_EQ(ParseError(R"({"mesh": {"dp": 2}, "tensors": {"tokens": [["tq"], []]}})"),
+  EXPECT_EQ(ShardingParseError(R"({"mesh": {"dp": 2}, "tensors": {"tokens": [["tq"], []]}})"),
             "plan.json: tensors: pattern 'tokens': dim 0: unknown mesh axis 'tq' (mesh axes: dp)");
-  EXPECT_EQ(ParseError(R"({"mesh": {"dp": 2, "tp": 2}, "tensors": {"w": [["tp"], ["dp", "tp"]]}})"),
+  EXPECT_EQ(ShardingParseError(R"({"mesh": {"dp": 2, "tp": 2}, "tensors": {"w": [["tp"], ["dp", "tp"]]}})"),
             "plan.json: tensors: pattern 'w': mesh axis 'tp' is used twice in one tensor (an axis "
             "shards at most one dimension, once)");
   // Malformed JSON: the parser fails at line 3, column 11 (after the missing comma's line).
-  EXPECT_EQ(ParseError("{\n  \"mesh\": {\"dp\": 2}\n  \"tensors\": {}\n}").substr(0, 33),
+  EXPECT_EQ(ShardingParseError("{\n  \"mesh\": {\"dp\": 2}\n  \"tensors\": {}\n}").substr(0, 33),
             "plan.json:3:11: malformed JSON: s");
-  EXPECT_EQ(ParseError(R"({"mesh": {"dp": 2}, "tensor": {}})"),
+  EXPECT_EQ(ShardingParseError(R"({"mesh": {"dp": 2}, "tensor": {}})"),
             "plan.json: field 'tensor': unknown field (known: mesh, default, tensors, global_batch, "
             "description)");
-  EXPECT_EQ(ParseError(R"({"mesh": {"dp": 0}})"),
+  EXPECT_EQ(ShardingParseError(R"({"mesh": {"dp": 0}})"),
             "plan.json: mesh: axis 'dp': size must be an integer >= 1, got 0");
-  EXPECT_EQ(ParseError(R"({"tensors": {}})"), "plan.json: field 'mesh': missing required field");
-  EXPECT_EQ(ParseError(R"({"mesh": {"dp": 2}, "default": "sharded"})"),
+  EXPECT_EQ(ShardingParseError(R"({"tensors": {}})"), "plan.json: field 'mesh': missing required field");
+  EXPECT_EQ(ShardingParseError(R"({"mesh": {"dp": 2}, "default": "sharded"})"),
             "plan.json: field 'default': only \"replicated\" is supported, got \"sharded\"");
 }
 
 TEST(ShardingPlanFile, MeshMustCoverTheWorld) {
-  ShardingPlan p = Parse(kGptMixed);
+  ShardingPlan p = ParseSharding(kGptMixed);
   EXPECT_TRUE(CheckShardingWorld(p, 4).ok());
   Status bad = CheckShardingWorld(p, 32);
   EXPECT_EQ(bad.message(),
@@ -214,7 +214,7 @@ std::vector<CollectiveKey> Collectives(const Program& p) {
 }
 
 Program Partitioned(const std::string& model, const std::string& text, PartitionReport* report = nullptr) {
-  Result<Program> p = LowerModelSharding(model, Parse(text), report);
+  Result<Program> p = LowerModelSharding(model, ParseSharding(text), report);
   EXPECT_TRUE(p.ok()) << p.status().message();
   return p.ok() ? *p : Program{};
 }
@@ -307,7 +307,7 @@ TEST(Partitioner, MixedPlanReshardsAtTheLayerBoundary) {
 /// gradients and updated parameters.
 void ExpectMatchesReference(const std::string& model, const std::string& text) {
   PartitionReport report;
-  const ShardingPlan plan = Parse(text);
+  const ShardingPlan plan = ParseSharding(text);
   Result<Program> sharded = LowerModelSharding(model, plan, &report);
   ASSERT_TRUE(sharded.ok()) << sharded.status().message();
   ModelConfig unsharded = ModelPreset(model).value();

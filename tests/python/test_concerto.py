@@ -1,5 +1,6 @@
 """The Python package (python/, docs/python.md): programs, schedulers,
 reports as the CLI's --json dicts, errors as concerto.Error."""
+import array
 import json
 import os
 import subprocess
@@ -129,6 +130,26 @@ class ExecuteTest(unittest.TestCase):
         self.assertEqual(a["tensors"]["L0.mlp.fc1.w"]["replica_error"], 0)
         self.assertGreater(a["loss"], 0)
         self.assertEqual(concerto.execute(p, scheduler="ddp")["loss"], concerto.execute(p)["loss"])
+
+    def test_float32_buffers_in_and_out(self):
+        # A float32 buffer (here the standard library's array; a numpy array is one too) is read
+        # as the same values as a list; as_buffers=True gives the bytes of the float32 values.
+        p = concerto.lower("gpt-tiny", "dp=2")
+        w = next(t for t in p.to_dict()["graphs"][0]["tensors"] if t["name"] == "L0.mlp.fc1.w")
+        values = [0.25 * (i % 7) for i in range(w["shape"][0] * w["shape"][1])]
+        name = "L0.mlp.fc1.w"
+        by_list = concerto.execute(p, inputs={name: values}, fetch=[name])
+        by_buffer = concerto.execute(p, inputs={name: array.array("f", values)}, fetch=[name], as_buffers=True)
+        self.assertEqual(by_buffer["loss"], by_list["loss"])
+        got = by_buffer["tensors"][name]["values"]
+        self.assertIsInstance(got, bytes)
+        self.assertEqual(array.array("f", got).tolist(), by_list["tensors"][name]["values"])
+        with self.assertRaisesRegex(concerto.Error, r"inputs\['L0.mlp.fc1.w'\]: a buffer of float32 values is "
+                                                    r"needed, got format 'd'"):
+            concerto.execute(p, inputs={name: array.array("d", values)})
+        with self.assertRaisesRegex(concerto.Error, r"inputs\['L0.mlp.fc1.w'\]: a flat list of numbers or a "
+                                                    r"float32 buffer is needed, got <class 'str'>"):
+            concerto.execute(p, inputs={name: "zeros"})
 
     def test_errors_name_the_tensor(self):
         p = concerto.lower("gpt-tiny", "dp=1")

@@ -39,7 +39,7 @@ Op AllReduce(int id, const std::string& name, const std::string& in, const std::
 }
 
 // a -> b -> c on compute; ar(b) on comm.
-Program Chain() {
+Program VerifierChain() {
   Program p;
   p.mesh.axes = {{"dp", 2}};
   Graph g;
@@ -59,12 +59,12 @@ bool Contains(const std::vector<std::string>& v, const std::string& needle) {
 }
 
 TEST(ScheduleVerifier, ProgramOrderIsClean) {
-  Program p = Chain();
+  Program p = VerifierChain();
   EXPECT_TRUE(VerifySchedule(p, ProgramOrderSchedule(p, "fifo")).empty());
 }
 
 TEST(ScheduleVerifier, MissingAndRepeatedOps) {
-  Program p = Chain();
+  Program p = VerifierChain();
   Schedule s = ProgramOrderSchedule(p, "x");
   s.roles[0].streams[0].op_ids = {0, 1, 1};  // c missing, b twice
   auto v = VerifySchedule(p, s);
@@ -73,7 +73,7 @@ TEST(ScheduleVerifier, MissingAndRepeatedOps) {
 }
 
 TEST(ScheduleVerifier, DependencyOrderBrokenOnOneStream) {
-  Program p = Chain();
+  Program p = VerifierChain();
   Schedule s = ProgramOrderSchedule(p, "x");
   s.roles[0].streams[0].op_ids = {1, 0, 3};
   auto v = VerifySchedule(p, s);
@@ -83,7 +83,7 @@ TEST(ScheduleVerifier, DependencyOrderBrokenOnOneStream) {
 TEST(ScheduleVerifier, CrossStreamCycleIsADeadlock) {
   // compute: a, c, b   comm: ar.  c needs ar, ar needs b, b is behind c on
   // the compute stream: c -> ar -> b -> (stream order) -> c never moves.
-  Program p = Chain();
+  Program p = VerifierChain();
   Schedule s = ProgramOrderSchedule(p, "x");
   s.roles[0].streams[0].op_ids = {0, 3, 1};
   auto v = VerifySchedule(p, s);
@@ -92,7 +92,7 @@ TEST(ScheduleVerifier, CrossStreamCycleIsADeadlock) {
 }
 
 TEST(ScheduleVerifier, OpsStayOnTheirOwnStream) {
-  Program p = Chain();
+  Program p = VerifierChain();
   Schedule s = ProgramOrderSchedule(p, "x");
   s.roles[0].streams[0].op_ids = {0, 2, 3};
   s.roles[0].streams[1].op_ids = {1};
@@ -214,7 +214,7 @@ TEST(ScheduleVerifier, SendsAndRecvsMustBePermutedAlike) {
 }
 
 TEST(ScheduleVerifier, UnknownRoleAndStream) {
-  Program p = Chain();
+  Program p = VerifierChain();
   Schedule s = ProgramOrderSchedule(p, "x");
   s.roles[0].streams[1].stream = "nccl";
   s.roles.push_back({"ghost", {}});
@@ -224,7 +224,7 @@ TEST(ScheduleVerifier, UnknownRoleAndStream) {
 }
 
 TEST(ScheduleVerifier, JsonRoundTrip) {
-  Program p = Chain();
+  Program p = VerifierChain();
   Schedule s = ProgramOrderSchedule(p, "fifo");
   s.fusion_groups.push_back({"spmd", 9, {1, 2}});
   std::string text = WriteSchedule(s);

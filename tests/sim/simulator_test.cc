@@ -15,7 +15,7 @@
 namespace concerto {
 namespace {
 
-AnalyticCostModel Cost() { return AnalyticCostModel(LoadCluster("a800-4x8").value()); }
+AnalyticCostModel SimCost() { return AnalyticCostModel(LoadCluster("a800-4x8").value()); }
 
 TEST(Simulator, RepresentativeEqualsAllRanks) {
   SyntheticSpec spec;
@@ -23,7 +23,7 @@ TEST(Simulator, RepresentativeEqualsAllRanks) {
   spec.ranks = 4;
   ScheduledProgram sp{SyntheticProgram(spec), {}};
   sp.schedule = ProgramOrderSchedule(sp.program, "fifo");
-  AnalyticCostModel cost = Cost();
+  AnalyticCostModel cost = SimCost();
   Result<Timeline> rep = Simulate(sp, cost);
   SimOptions all;
   all.all_ranks = true;
@@ -41,7 +41,7 @@ TEST(Simulator, LowerBoundBelowMakespanForEveryBaseline) {
   spec.num_ops = 300;
   spec.ranks = 8;
   Program p = SyntheticProgram(spec);
-  AnalyticCostModel cost = Cost();
+  AnalyticCostModel cost = SimCost();
   LowerBound lb = ComputeLowerBound(p, cost);
   EXPECT_GT(lb.lower_bound_us, 0);
   for (const auto& name : BaselineNames()) {
@@ -64,7 +64,7 @@ TEST(Simulator, CriticalPathIsAChainEndingAtMakespan) {
   spec.ranks = 2;
   ScheduledProgram sp{SyntheticProgram(spec), {}};
   sp.schedule = ProgramOrderSchedule(sp.program, "fifo");
-  AnalyticCostModel cost = Cost();
+  AnalyticCostModel cost = SimCost();
   Result<Timeline> t = Simulate(sp, cost);
   ASSERT_TRUE(t.ok());
   ASSERT_FALSE(t->critical_path.empty());
@@ -100,7 +100,7 @@ TEST(Simulator, MismatchedCollectivesAcrossRolesAreAnError) {
     p.roles.push_back({g.name, g.name, {r}});
   }
   ScheduledProgram sp{p, ProgramOrderSchedule(p, "fifo")};
-  AnalyticCostModel cost = Cost();
+  AnalyticCostModel cost = SimCost();
   Result<Timeline> t = Simulate(sp, cost);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("mismatched communication"), std::string::npos) << t.status().message();
@@ -128,7 +128,7 @@ TEST(Simulator, ExposedCommArithmetic) {
   p.graphs = {g};
   p.roles = {{"spmd", "main", {0, 1}}};
   ScheduledProgram sp{p, ProgramOrderSchedule(p, "fifo")};
-  AnalyticCostModel cost = Cost();
+  AnalyticCostModel cost = SimCost();
   SimOptions opts;
   opts.interference = 0;
   Result<Timeline> t = Simulate(sp, cost, opts);
@@ -155,7 +155,7 @@ TEST(SimulatorTest, DurationsThatOverflowAreAnErrorNotAnInfiniteIteration) {
   Program p = testing::OneRoleProgram({{"dp", 1}}, {"compute", "comm"}, {T("x"), T("y"), T("z")},
                                       {MakeOp(0, "a", OpKind::kCompute, "compute", {"x"}, {"y"}, 1e308),
                                        MakeOp(1, "b", OpKind::kCompute, "compute", {"y"}, {"z"}, 1e308)});
-  AnalyticCostModel cost = Cost();
+  AnalyticCostModel cost = SimCost();
   Result<Timeline> t = Simulate(RunBaseline("fifo", p, cost).value(), cost);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("overflows"), std::string::npos) << t.status().message();
