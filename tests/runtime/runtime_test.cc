@@ -140,7 +140,7 @@ TEST(FakeCommunicator, MembersThatDisagreeFail) {
 
 TEST(FakeCommunicator, AbortWakesWaitingRanks) {
   FakeWorld world(2);
-  const auto start = std::chrono::steady_clock::now();
+  // The waiter's status names the abort: a rank left waiting would report a timeout instead.
   std::thread waiter([&] {
     float x = 0;
     Status st = world.endpoint(0).AllReduce({0, 1}, ReduceOp::kSum, &x, &x, 1);
@@ -149,7 +149,6 @@ TEST(FakeCommunicator, AbortWakesWaitingRanks) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   world.endpoint(1).Abort("rank 1 failed");
   waiter.join();
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_EQ(world.abort_reason(), "rank 1 failed");
   EXPECT_TRUE(world.endpoint(0).aborted());
 }
@@ -843,7 +842,7 @@ TEST(Executor, AFailingRankStopsTheJobNamingRankAndOp) {
   ASSERT_FALSE(run.ok());
   EXPECT_HAS(run.status().message(), "rank 3: op ");
   EXPECT_HAS(run.status().message(), "'L0.mlp.fc1': injected failure");
-  // The other ranks were aborted, not left to time out.
+  // The other ranks were aborted, not left to time out (a hang guard 10x above the run's time).
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
