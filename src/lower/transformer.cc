@@ -142,6 +142,9 @@ class MbBuilder {
                                 purpose));
   }
   void SetBytes(int id, double bytes) { b_.SetBytes(id, bytes); }
+  int NumOps() const { return b_.NumOps(); }
+  /// GraphBuilder::GateOpsFrom (`tensor`: a full name).
+  int GateOpsFrom(int first_op, const std::string& tensor) { return b_.GateOpsFrom(first_op, tensor); }
 
   /// Appends a send or recv on stream "comm" (named `p.name` plus the
   /// suffix of `p.microbatch`; layer tag -1); its message is the tensor's
@@ -1026,7 +1029,8 @@ class TransformerLowering {
 
   /// Full recomputation: re-runs block `layer`'s forward from its kept input
   /// `x` at the start of its backward (ops "L<layer>.recompute.*", phase
-  /// backward) and returns the tensors the backward reads.
+  /// backward; the caller gates them on d(block output): GraphBuilder::GateOpsFrom)
+  /// and returns the tensors the backward reads.
   BlockActs Recompute(int layer, const std::string& x) {
     recomputing_ = true;
     BlockActs a;
@@ -1359,7 +1363,11 @@ class TransformerLowering {
     b_.SetLayer(layer);
     const std::string p = LayerPrefix(layer);
     BlockActs a = Acts().blocks[layer - stage_.first_layer];
-    if (plan_.recompute == Recompute::kFull) a = Recompute(layer, a.x);
+    if (plan_.recompute == Recompute::kFull) {
+      const int first = b_.NumOps();
+      a = Recompute(layer, a.x);
+      b_.GateOpsFrom(first, dy);
+    }
     std::string dn2 = Gpt()       ? GptMlpBackward(layer, a, dy)
                       : IsMoe(m_) ? MoeBackward(layer, a, dy)
                                   : LlamaMlpBackward(layer, a, dy);
@@ -1493,7 +1501,9 @@ class TransformerLowering {
     if (plan_.recompute == Recompute::kSelective) {
       recomputing_ = true;
       BlockActs r = a;
+      const int first = b_.NumOps();
       AttentionCore(LayerPrefix(layer) + "attn.", &r);
+      b_.GateOpsFrom(first, dattn);
       recomputing_ = false;
       o = r.attn;
     }

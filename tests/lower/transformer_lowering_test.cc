@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "concerto/ir/graph_index.h"
 #include "concerto/ir/json_io.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/plan.h"
@@ -797,6 +798,24 @@ std::set<std::string> KeptFromForward(const Graph& g, int layer) {
   return kept;
 }
 
+/// True when op `to` depends (through data or control edges) on op `from`.
+bool DependsOn(const Graph& g, int from, int to) {
+  const GraphIndex index = GraphIndex::Build(g);
+  std::vector<char> seen(g.ops.size(), 0);
+  std::vector<int> stack = {to};
+  while (!stack.empty()) {
+    const int v = stack.back();
+    stack.pop_back();
+    if (v == from) return true;
+    for (int p : index.preds[v])
+      if (!seen[p]) {
+        seen[p] = 1;
+        stack.push_back(p);
+      }
+  }
+  return false;
+}
+
 }  // namespace recompute_test
 
 // Full recomputation keeps only each layer's input: layer 1's backward reads
@@ -852,6 +871,37 @@ TEST(Recompute, SelectiveRerunsTheAttentionCoreBeforeItsGrad) {
     if (op.name == "L0.attn.core.grad") {
       EXPECT_EQ(op.inputs[4], "L0.attn.core.out");
     }
+}
+
+// A recomputed forward starts when the backward reaches its block, as
+// PyTorch's checkpoint and Megatron's recompute run it: its first op waits
+// (a control edge) for the op that makes d(block output), so no schedule can
+// run it ahead and keep its activations live (xla-lhs used to hoist every
+// layer's recomputation to the start of the backward). gpt-tiny has two
+// layers: d(L1 output) comes from final_ln.grad, d(L0 output) from
+// L1.attn.res.grad; selective recomputation waits for d(attention core).
+TEST(Recompute, RecomputationWaitsForTheGradientOfItsBlock) {
+  const Graph full = Main(Lower(Preset("gpt-tiny"), "tp=2,recompute=full"));
+  std::map<std::string, int> id;
+  for (const Op& op : full.ops) id[op.name] = op.id;
+  EXPECT_EQ(full.ops[id.at("L1.recompute.ln1")].control_deps, (std::vector<int>{id.at("final_ln.grad")}));
+  EXPECT_EQ(full.ops[id.at("L0.recompute.ln1")].control_deps, (std::vector<int>{id.at("L1.attn.res.grad")}));
+  for (const char* name : {"L0.recompute.attn.qkv", "L0.recompute.mlp.gelu"})
+    EXPECT_TRUE(recompute_test::DependsOn(full, id.at("L1.attn.res.grad"), id.at(name))) << name;
+  // The recomputed forward's tp all-reduce is not gated itself (it reads the
+  // gated ops' output); the forward's ops are not gated at all.
+  EXPECT_TRUE(full.ops[id.at("L0.recompute.attn.proj.ar")].control_deps.empty());
+  EXPECT_TRUE(full.ops[id.at("L0.ln1")].control_deps.empty());
+
+  const Graph sel = Main(Lower(Preset("llama-tiny"), "tp=2,recompute=selective"));
+  std::map<std::string, const Op*> by_name;
+  for (const Op& op : sel.ops) by_name[op.name] = &op;
+  const Op* rc = by_name.at("L0.recompute.attn.core");
+  const Op* grad = by_name.at("L0.attn.core.grad");
+  ASSERT_EQ(rc->control_deps.size(), 1u);
+  EXPECT_EQ(sel.ops[rc->control_deps[0]].outputs, (std::vector<std::string>{grad->inputs[0]}));
+  // Without recomputation nothing is gated.
+  for (const Op& op : Main(Lower(Preset("gpt-tiny"), "tp=2")).ops) EXPECT_TRUE(op.control_deps.empty()) << op.name;
 }
 
 }  // namespace

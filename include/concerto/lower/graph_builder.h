@@ -2,10 +2,12 @@
 // ids 0..n-1 in program order and the builder's current tags.
 #pragma once
 
+#include <algorithm>
 #include <cassert>
 #include <map>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -92,6 +94,41 @@ class GraphBuilder {
 
   /// Overrides the bytes of op `id` (for ops that touch less than whole tensors).
   void SetBytes(int id, double bytes) { graph_->ops[id].bytes = bytes; }
+
+  /// Number of ops so far (the id the next op gets).
+  int NumOps() const { return static_cast<int>(graph_->ops.size()); }
+
+  /// Makes the compute ops from id `first_op` on that read no tensor another
+  /// of those compute ops writes wait (control deps) for the op that wrote `tensor`, if an
+  /// earlier op did: recomputation starts when the backward reaches it, as
+  /// PyTorch's checkpoint and Megatron's recompute do, so no schedule can run
+  /// it early. Collectives stay free (ZeRO-3's parameter all-gathers for the
+  /// recomputed forward may be prefetched, as FSDP and DeepSpeed do). Returns
+  /// how many ops it gated.
+  int GateOpsFrom(int first_op, const std::string& tensor) {
+    const int n = NumOps();
+    assert(first_op >= 0 && first_op <= n);
+    int producer = -1;
+    for (int i = first_op - 1; i >= 0 && producer < 0; --i)
+      for (const std::string& out : graph_->ops[i].outputs)
+        if (out == tensor) producer = i;
+    if (producer < 0) return 0;
+    std::unordered_set<std::string> written;
+    for (int i = first_op; i < n; ++i)
+      if (graph_->ops[i].kind == OpKind::kCompute)
+        for (const std::string& out : graph_->ops[i].outputs) written.insert(out);
+    int gated = 0;
+    for (int i = first_op; i < n; ++i) {
+      Op& op = graph_->ops[i];
+      if (op.kind != OpKind::kCompute) continue;
+      const bool inner = std::any_of(op.inputs.begin(), op.inputs.end(),
+                                     [&](const std::string& in) { return written.count(in) > 0; });
+      if (inner) continue;
+      op.control_deps.push_back(producer);
+      ++gated;
+    }
+    return gated;
+  }
 
  private:
   /// Appends an op with the next id and the current tags.
