@@ -313,8 +313,13 @@ double AnalyticCostModel::AttentionUs(const Op& op, const PriceContext& ctx) con
       q = &ctx.graph.tensors[it->second];
   const double heads = op.Attr("heads", 1);
   if (op.Attr("fused", 1) != 0 || !q || q->shape.size() != 3 || heads < 1) {
+    // A fused kernel skips the score blocks a causal mask removes: half the
+    // flops the op counts (FlashAttention's benchmark counts them so, and
+    // attention_efficiency is measured with that count).
+    const double run_flops = op.Attr("causal", 0) != 0 ? 0.5 * flops : flops;
     const double eff = d.attention_efficiency > 0 ? d.attention_efficiency : d.matmul_efficiency;
-    return std::max(FlopsUs(flops, peak * eff), TransferUs(Amount(op.bytes), memory_gbps)) + d.launch_overhead_us;
+    return std::max(FlopsUs(run_flops, peak * eff), TransferUs(Amount(op.bytes), memory_gbps)) +
+           d.launch_overhead_us;
   }
   // Unfused (Megatron before FlashAttention): the forward runs scores = Q K^T
   // (per head: s x s, depth d) and P V (s x d, depth s) as batched GEMMs around

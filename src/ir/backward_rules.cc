@@ -211,10 +211,11 @@ static Status GradOfEveryInput(const Op& fwd, BackwardBuilder& b, ComputeType gr
 }
 
 // attention(q, k, v) -> o: attention_grad(do, q, k, v, o) -> (dq, dk, dv),
-// twice the forward's flops (the frontends' count).
+// kAttentionGradFlops x the forward's flops (the frontends' count).
 Status Attention(const Op& fwd, BackwardBuilder& b) {
   return GradOfEveryInput(fwd, b, ComputeType::kAttentionGrad,
-                          {fwd.inputs[0], fwd.inputs[1], fwd.inputs[2], fwd.outputs[0]}, 2.0 * fwd.flops);
+                          {fwd.inputs[0], fwd.inputs[1], fwd.inputs[2], fwd.outputs[0]},
+                          kAttentionGradFlops * fwd.flops);
 }
 
 // embedding(table, ids) -> embedding_grad(dy, ids) -> dtable (ids: none).

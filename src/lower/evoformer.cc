@@ -595,7 +595,7 @@ class EvoformerLowering {
                   AttentionAttrs(s));
     return name;
   }
-  /// Backward of PlainAttention: attention_grad (2x the forward flops).
+  /// Backward of PlainAttention: attention_grad (kAttentionGradFlops x the forward's).
   void PlainAttentionBackward(const AttnSpec& s, const AttnActs& a, const std::string& dout,
                               std::string* dq, std::string* dk, std::string* dv) {
     const std::string name = s.prefix + ".core.grad";
@@ -603,7 +603,7 @@ class EvoformerLowering {
     *dk = b_.AddLike(name + ".dk", a.k, c_.dtype);
     *dv = b_.AddLike(name + ".dv", a.v, c_.dtype);
     b_.AddCompute(name, ComputeType::kAttentionGrad, {dout, a.q, a.k, a.v}, {*dq, *dk, *dv},
-                  2.0 * AttentionFlops(s), AttentionAttrs(s));
+                  kAttentionGradFlops * AttentionFlops(s), AttentionAttrs(s));
   }
 
   /// A gated self-attention module on residual stream x (z: the pair that

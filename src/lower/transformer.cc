@@ -1488,8 +1488,9 @@ class TransformerLowering {
     return dn2;
   }
 
-  /// attention_grad (do, q, k, v, o) -> dq, dk, dv (2x the forward flops),
-  /// flash-style: it reads the forward output o for its row sums. Under
+  /// attention_grad (do, q, k, v, o) -> dq, dk, dv (2.5x the forward flops:
+  /// FlashAttention's backward recomputes Q K^T, five matmuls to the
+  /// forward's two), flash-style: it reads the forward output o for its row sums. Under
   /// selective recomputation o is first recomputed from q, k, v
   /// ("L<layer>.recompute.attn.core"), as Megatron re-runs a checkpointed
   /// core attention when the backward reaches it; the kept output still
@@ -1511,7 +1512,7 @@ class TransformerLowering {
     *dk = Act(p + "core.grad.dk", d_.kv_width, true);
     *dv = Act(p + "core.grad.dv", d_.kv_width, true);
     b_.AddCompute(p + "core.grad", ComputeType::kAttentionGrad, {dattn, a.q, a.k, a.v, o},
-                  {*dq, *dk, *dv}, 2.0 * AttentionFlops(), AttentionAttrs());
+                  {*dq, *dk, *dv}, kAttentionGradFlops * AttentionFlops(), AttentionAttrs());
   }
 
   /// gpt: proj dX/dW, attention grad, concat, qkv dX (+ tp reduction) and

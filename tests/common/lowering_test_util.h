@@ -20,4 +20,14 @@ inline double LayerFlops(const Graph& g, int layer, Phase phase) {
   return total;
 }
 
+/// Flops of the attention ops of `layer`'s forward.
+inline double LayerAttentionFlops(const Graph& g, int layer) {
+  double total = 0;
+  for (const Op& op : g.ops)
+    if (op.tags.layer == layer && op.tags.phase == Phase::kForward && op.kind == OpKind::kCompute &&
+        op.compute_type == ComputeType::kAttention)
+      total += op.flops;
+  return total;
+}
+
 }  // namespace concerto::testing_util

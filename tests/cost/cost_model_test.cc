@@ -12,6 +12,7 @@
 #include "concerto/cost/cluster.h"
 #include "concerto/cost/cost_model.h"
 #include "concerto/ir/graph_index.h"
+#include "concerto/ir/op_registry.h"
 #include "concerto/ir/ir.h"
 
 namespace concerto {
@@ -694,8 +695,9 @@ TEST(CostAnalyticTest, PresetsGiveFiniteNonNegativeDurations) {
 // Attention and NVLS (docs/cost-model.md, "Attention" and "NVLS").
 
 /// An attention op over q = k = v [2, 2048, 4096] bf16 with 32 heads (d 128):
-/// flops 4 b s^2 h = 4 x 2 x 2048^2 x 4096 = 137,438,953,472.
-Op AttentionOp(bool grad, double fused) {
+/// flops 4 b s^2 h = 4 x 2 x 2048^2 x 4096 = 137,438,953,472 (the grad 2.5x
+/// that, kAttentionGradFlops); causal unless `causal` is false.
+Op AttentionOp(bool grad, double fused, bool causal = true) {
   Op op;
   op.id = 0;
   op.name = grad ? "attn.grad" : "attn";
@@ -703,9 +705,9 @@ Op AttentionOp(bool grad, double fused) {
   op.compute_type = grad ? ComputeType::kAttentionGrad : ComputeType::kAttention;
   op.inputs = grad ? std::vector<std::string>{"do", "q", "k", "v", "o"} : std::vector<std::string>{"q", "k", "v"};
   op.outputs = grad ? std::vector<std::string>{"dq", "dk", "dv"} : std::vector<std::string>{"o"};
-  op.flops = (grad ? 2 : 1) * 4.0 * 2 * 2048.0 * 2048.0 * 4096;
+  op.flops = (grad ? kAttentionGradFlops : 1) * 4.0 * 2 * 2048.0 * 2048.0 * 4096;
   op.bytes = 4 * 2 * 2048.0 * 4096 * 2;
-  op.attrs = {{"heads", 32}, {"causal", 1}};
+  op.attrs = {{"heads", 32}, {"causal", causal ? 1.0 : 0.0}};
   if (fused >= 0) op.attrs["fused"] = fused;
   return op;
 }
@@ -714,22 +716,25 @@ TEST(CostAnalyticTest, FusedAttentionRunsAtAttentionEfficiency) {
   Fixture f;
   for (const char* t : {"q", "k", "v", "o", "do", "dq", "dk", "dv"}) f.AddTensor(t, {2, 2048, 4096});
   f.Reindex();
-  // a800-4x8: 312 TFLOP/s x attention_efficiency 0.575 = 179.4 TFLOP/s:
-  // 137.439e9 / 179.4e12 = 766.10 us, + 4 us launch = 770.10 us (the bytes,
-  // 134 MB at 1733 GB/s = 77 us, are not the bound).
+  // a800-4x8: 312 TFLOP/s x attention_efficiency 0.575 = 179.4 TFLOP/s.
+  // Causal: half the counted flops run, 68.719e9 / 179.4e12 = 383.05 us,
+  // + 4 us launch = 387.05 us (the bytes, 134 MB at 1733 GB/s = 77 us, are
+  // not the bound); without the mask all of them, 766.10 + 4 us.
   AnalyticCostModel model(A800());
-  EXPECT_NEAR(model.Price(AttentionOp(false, -1), f.Ctx()).duration_us, 137438953472.0 / (312 * 0.575 * 1e6) + 4,
-              1e-6);
-  EXPECT_NEAR(model.Price(AttentionOp(false, 1), f.Ctx()).duration_us, 137438953472.0 / (312 * 0.575 * 1e6) + 4,
-              1e-6);
-  // The backward: twice the flops at the same fraction.
-  EXPECT_NEAR(model.Price(AttentionOp(true, -1), f.Ctx()).duration_us, 2 * 137438953472.0 / (312 * 0.575 * 1e6) + 4,
-              1e-6);
-  // attention_efficiency 0 takes matmul_efficiency (0.87): 137.439e9 / 271.44e12 = 506.33 us + 4.
+  const double half_us = 0.5 * 137438953472.0 / (312 * 0.575 * 1e6);
+  EXPECT_NEAR(model.Price(AttentionOp(false, -1), f.Ctx()).duration_us, half_us + 4, 1e-6);
+  EXPECT_NEAR(model.Price(AttentionOp(false, 1), f.Ctx()).duration_us, half_us + 4, 1e-6);
+  EXPECT_NEAR(model.Price(AttentionOp(false, -1, /*causal=*/false), f.Ctx()).duration_us, 2 * half_us + 4, 1e-6);
+  // The backward: 2.5x the flops at the same fraction: 957.63 + 4 us. The
+  // pair, 3.5 x 383.05 = 1340.68 us of kernels, is what FlashAttention-2's
+  // fwd + bwd benchmark at 179.4 TFLOP/s times (the figure the efficiency
+  // comes from).
+  EXPECT_NEAR(model.Price(AttentionOp(true, -1), f.Ctx()).duration_us, 2.5 * half_us + 4, 1e-6);
+  // attention_efficiency 0 takes matmul_efficiency (0.87): 68.719e9 / 271.44e12 = 253.16 us + 4.
   ClusterSpec old = A800();
   old.device.attention_efficiency = 0;
   EXPECT_NEAR(AnalyticCostModel(old).Price(AttentionOp(false, -1), f.Ctx()).duration_us,
-              137438953472.0 / (312 * 0.87 * 1e6) + 4, 1e-6);
+              0.5 * 137438953472.0 / (312 * 0.87 * 1e6) + 4, 1e-6);
 }
 
 TEST(CostAnalyticTest, UnfusedAttentionIsItsGemmsAndScorePasses) {

@@ -57,6 +57,7 @@ std::map<std::string, const Tensor*> Tensors(const Graph& g) {
 }
 
 using testing_util::IsMatmulOrAttention;
+using testing_util::LayerAttentionFlops;
 using testing_util::LayerFlops;
 
 /// Collectives of `type` in `layer` and `phase` over group {axis} with `purpose`.
@@ -319,13 +320,14 @@ TEST(Llama, ForwardLayerFlopsMatchArithmetic) {
     EXPECT_EQ(LayerFlops(Main(p70), l, Phase::kForward), 944892805120.0) << l;
 }
 
-// Backward = dX + dW per matmul (2x) and attention_grad = 2x attention.
-TEST(Llama, BackwardLayerFlopsAreTwiceForward) {
+// Backward = dX + dW per matmul (2x) and attention_grad = 2.5x attention
+// (kAttentionGradFlops).
+TEST(Llama, BackwardLayerFlopsAreTwiceForwardPlusTheRecomputedScores) {
   for (const char* plan : {"tp=2", "dp=2,tp=2,sp,zero=3"}) {
     Program p = Lower(Preset("llama-tiny"), plan);
     for (int l = 0; l < 2; ++l)
       EXPECT_EQ(LayerFlops(Main(p), l, Phase::kBackward),
-                2 * LayerFlops(Main(p), l, Phase::kForward))
+                2 * LayerFlops(Main(p), l, Phase::kForward) + 0.5 * LayerAttentionFlops(Main(p), l))
           << plan;
   }
 }

@@ -80,6 +80,10 @@ const std::vector<OpTypeInfo>& OpRegistry();
 const OpTypeInfo& OpInfo(ComputeType type);
 /// OpInfo(type).flops: the flops per unit the frontends multiply by.
 double FlopsPerUnit(ComputeType type);
+/// attention_grad's flops per flop of its attention: FlashAttention's
+/// backward recomputes the scores, five matmuls to the forward's two
+/// (Dao-AILab/flash-attention#1525; its benchmark counts the backward so).
+inline constexpr double kAttentionGradFlops = 2.5;
 /// The entry of `type`'s attribute `name`, or null when the type has none.
 const AttrInfo* FindAttr(ComputeType type, std::string_view name);
 
