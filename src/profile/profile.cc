@@ -610,26 +610,44 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   }
   // Rounds of (alone, overlapped), so that a drift in the machine's load
   // affects both phases alike.
-  std::vector<std::vector<double>> alone(kernels.size()), overlapped(kernels.size());
+  std::vector<std::vector<double>> alone(kernels.size()), overlapped(kernels.size()), solo(kernels.size());
+  std::vector<float> solo_round_medians;  // rank 0's, per round and kernel (0 on the other ranks)
   const int64_t count = o.comm_bytes / 4;
   std::vector<float> send(count, 0.0f), recv(count);
   int collectives = 0;
   std::vector<float> round_medians;  // per round, per kernel: alone, overlapped
   bool missing = false;              // a round without an overlapped run of some kernel
   if (o.rounds < 1) return Status::Error("interference: rounds must be at least 1");
-  for (int round = 0; round < o.rounds; ++round) {
-    // Alone: every rank computes, nothing communicates.
-    CONCERTO_RETURN_IF_ERROR(barrier());
-    std::vector<size_t> alone_had(kernels.size());
-    for (size_t i = 0; i < kernels.size(); ++i) alone_had[i] = alone[i].size();
+  auto time_kernels = [&](std::vector<std::vector<double>>& into) -> Status {
     for (size_t i = 0; i < kernels.size(); ++i) {
       const auto start = Clock::now();
       for (int k = 0; k < o.min_samples || SecondsSince(start) < 0.1; ++k) {
         Result<double> t = kernels[i].Time();
         if (!t.ok()) return t.status();
-        alone[i].push_back(*t);
+        into[i].push_back(*t);
       }
     }
+    return Status::Ok();
+  };
+  for (int round = 0; round < o.rounds; ++round) {
+    // Solo: rank 0 computes while the other ranks wait in the barrier (the
+    // co-run slowdown's reference, as ProfileKernels times kernels).
+    CONCERTO_RETURN_IF_ERROR(barrier());
+    if (comm.rank() == 0) {
+      std::vector<size_t> solo_had(kernels.size());
+      for (size_t i = 0; i < kernels.size(); ++i) solo_had[i] = solo[i].size();
+      CONCERTO_RETURN_IF_ERROR(time_kernels(solo));
+      for (size_t i = 0; i < kernels.size(); ++i)
+        solo_round_medians.push_back(static_cast<float>(
+            Median(std::vector<double>(solo[i].begin() + static_cast<int64_t>(solo_had[i]), solo[i].end()))));
+    } else {
+      solo_round_medians.insert(solo_round_medians.end(), kernels.size(), 0.0f);
+    }
+    // Alone: every rank computes, nothing communicates.
+    CONCERTO_RETURN_IF_ERROR(barrier());
+    std::vector<size_t> alone_had(kernels.size());
+    for (size_t i = 0; i < kernels.size(); ++i) alone_had[i] = alone[i].size();
+    CONCERTO_RETURN_IF_ERROR(time_kernels(alone));
     // Overlapped: a second thread keeps an all_reduce in flight.
     CONCERTO_RETURN_IF_ERROR(barrier());
     std::atomic<bool> enough{false}, in_flight{false}, finished{false};
@@ -692,6 +710,12 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     medians.push_back(overlapped[i].empty() ? 0.0f : static_cast<float>(Median(overlapped[i])));
   }
   medians.insert(medians.end(), round_medians.begin(), round_medians.end());
+  // Rank 0's solo medians (the other ranks add 0): every kernel's over all
+  // rounds, then every round's.
+  const size_t solo_at = medians.size();
+  for (size_t i = 0; i < kernels.size(); ++i)
+    medians.push_back(comm.rank() == 0 && !solo[i].empty() ? static_cast<float>(Median(solo[i])) : 0.0f);
+  medians.insert(medians.end(), solo_round_medians.begin(), solo_round_medians.end());
   medians.push_back(missing ? 1.0f : 0.0f);
   CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, medians.data(), medians.data(),
                                           static_cast<int64_t>(medians.size())));
@@ -706,7 +730,8 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   const size_t nk = kernels.size();
   for (size_t i = 0; i < nk; ++i)
     m.kernels.push_back({kernels[i].label, medians[2 * i] / n, medians[2 * i + 1] / n,
-                         static_cast<int>(alone[i].size()), static_cast<int>(overlapped[i].size())});
+                         static_cast<int>(alone[i].size()), static_cast<int>(overlapped[i].size()),
+                         medians[solo_at + i]});
   for (int r = 0; r < o.rounds; ++r) {
     std::vector<InterferenceKernel> round(nk);
     for (size_t i = 0; i < nk; ++i) {
@@ -714,12 +739,27 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
       round[i].overlapped_us = medians[2 * nk + 2 * (r * nk + i) + 1] / n;
     }
     m.round_factors.push_back(InterferenceFactor(round));
+    std::vector<double> round_solo, round_alone;
+    for (size_t i = 0; i < nk; ++i) {
+      round_solo.push_back(medians[solo_at + nk + r * nk + i]);
+      round_alone.push_back(round[i].alone_us);
+    }
+    m.corun_round_factors.push_back(CorunSlowdown(round_solo, round_alone));
   }
   m.interference = MedianFactor(m.round_factors);
+  m.corun = MedianFactor(m.corun_round_factors);
   return m;
 }
 
 double MedianFactor(const std::vector<double>& factors) { return factors.empty() ? 0 : Median(factors); }
+
+double CorunSlowdown(const std::vector<double>& solo_us, const std::vector<double>& corun_us) {
+  if (solo_us.empty() || solo_us.size() != corun_us.size()) return 0;
+  double solo = 0, corun = 0;
+  for (size_t i = 0; i < solo_us.size(); ++i) solo += solo_us[i], corun += corun_us[i];
+  if (!(solo > 0) || !(corun > 0)) return 0;
+  return std::clamp(corun / solo - 1, 0.0, 10.0);
+}
 
 Result<InterferenceMeasurement> MeasureInterferenceInProcess(int ranks, const InterferenceOptions& options) {
   if (ranks < 2) return Status::Error("interference: needs at least 2 ranks, got " + std::to_string(ranks));
@@ -741,13 +781,16 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
                       {"collectives", m.collectives},
                       {"interference", m.interference},
                       {"round_factors", m.round_factors},
+                      {"corun", m.corun},
+                      {"corun_round_factors", m.corun_round_factors},
                       {"kernels", nlohmann::json::array()}};
   for (const InterferenceKernel& k : m.kernels)
     j["kernels"].push_back({{"kernel", k.kernel},
                             {"alone_us", k.alone_us},
                             {"overlapped_us", k.overlapped_us},
                             {"alone_reps", k.alone_reps},
-                            {"overlapped_reps", k.overlapped_reps}});
+                            {"overlapped_reps", k.overlapped_reps},
+                            {"solo_us", k.solo_us}});
   return DumpJson(j, 1) + "\n";
 }
 
@@ -768,8 +811,10 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
     for (const char* field : {"alone_us", "overlapped_us"})
       if (!e.is_object() || !e.contains(field) || !e[field].is_number() || !(e[field].get<double>() > 0))
         return Status::Error(where + "field '" + field + "' must be a positive number");
+    if (e.contains("solo_us") && (!e["solo_us"].is_number() || !(e["solo_us"].get<double>() >= 0)))
+      return Status::Error(where + "field 'solo_us' must be a number >= 0");
     m.kernels.push_back({e.value("kernel", ""), e["alone_us"].get<double>(), e["overlapped_us"].get<double>(),
-                         e.value("alone_reps", 0), e.value("overlapped_reps", 0)});
+                         e.value("alone_reps", 0), e.value("overlapped_reps", 0), e.value("solo_us", 0.0)});
   }
   if (!j.contains("interference") || !j["interference"].is_number() || !(j["interference"].get<double>() >= 0) ||
       j["interference"].get<double>() > 10)
@@ -778,6 +823,14 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
   if (j.contains("round_factors") && j["round_factors"].is_array())
     for (const nlohmann::json& f : j["round_factors"])
       if (f.is_number()) m.round_factors.push_back(f.get<double>());
+  if (j.contains("corun")) {  // absent in files written before the thirteenth session: 0
+    if (!j["corun"].is_number() || !(j["corun"].get<double>() >= 0) || j["corun"].get<double>() > 10)
+      return Status::Error(path + ": field 'corun' must be a number in [0, 10]");
+    m.corun = j["corun"].get<double>();
+  }
+  if (j.contains("corun_round_factors") && j["corun_round_factors"].is_array())
+    for (const nlohmann::json& f : j["corun_round_factors"])
+      if (f.is_number()) m.corun_round_factors.push_back(f.get<double>());
   return m;
 }
 

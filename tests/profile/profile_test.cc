@@ -193,6 +193,18 @@ TEST(Interference, FactorIsTheSlowdownOfTheKernelMix) {
   EXPECT_EQ(MedianFactor({}), 0);
 }
 
+TEST(Interference, CorunSlowdownIsTheKernelMixWhileEveryRankComputes) {
+  // matmul 100 us on rank 0 alone, 130 us while every rank computes; add
+  // 50 -> 50: (130 + 50) / (100 + 50) - 1 = 0.2.
+  EXPECT_NEAR(CorunSlowdown({100, 50}, {130, 50}), 0.2, 1e-12);
+  // Faster co-running (noise) clamps to 0; mismatched, empty or zero sums: 0.
+  EXPECT_EQ(CorunSlowdown({100}, {90}), 0);
+  EXPECT_EQ(CorunSlowdown({100, 50}, {130}), 0);
+  EXPECT_EQ(CorunSlowdown({}, {}), 0);
+  EXPECT_EQ(CorunSlowdown({0}, {10}), 0);
+  EXPECT_EQ(CorunSlowdown({1}, {1000}), 10);  // clamped as interference is
+}
+
 TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   InterferenceOptions o;
   o.comm_bytes = 1 << 16;
@@ -213,6 +225,10 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   }
   EXPECT_EQ(m->round_factors.size(), 2u);
   EXPECT_DOUBLE_EQ(m->interference, MedianFactor(m->round_factors));
+  // The solo phase (rank 0 alone) gives the co-run slowdown, per round.
+  for (const InterferenceKernel& k : m->kernels) EXPECT_GT(k.solo_us, 0);
+  EXPECT_EQ(m->corun_round_factors.size(), 2u);
+  EXPECT_DOUBLE_EQ(m->corun, MedianFactor(m->corun_round_factors));
   EXPECT_GE(m->collectives, 2);
   const std::string path = testing::TempDir() + "/interference.json";
   {
@@ -224,6 +240,9 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   EXPECT_DOUBLE_EQ(back->interference, m->interference);
   EXPECT_EQ(back->round_factors, m->round_factors);
   EXPECT_DOUBLE_EQ(back->kernels[1].overlapped_us, m->kernels[1].overlapped_us);
+  EXPECT_DOUBLE_EQ(back->kernels[0].solo_us, m->kernels[0].solo_us);
+  EXPECT_DOUBLE_EQ(back->corun, m->corun);
+  EXPECT_EQ(back->corun_round_factors, m->corun_round_factors);
   // The cluster takes the factor.
   EXPECT_DOUBLE_EQ(MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0.25).interference, 0.25);
   // Errors name what is wrong.

@@ -603,6 +603,7 @@ struct ProfileFlags {
   bool in_process = false;
   int64_t max_bytes = 16 << 20;
   int reps = 5;
+  bool apply_corun = false;  // --apply-corun: scale the kernel times by 1 + the co-run slowdown
   bool json = false;
 };
 
@@ -694,14 +695,14 @@ int CmdProfile(const ProfileFlags& pf) {
     if (!k.ok()) return Fail(k.status());
     kernels.insert(kernels.end(), k->begin(), k->end());
   }
+  InterferenceOptions interference_options;
+  interference_options.comm_bytes = std::min<int64_t>(interference_options.comm_bytes, pf.max_bytes / 4 * 4);
   std::vector<CollectiveSpec> specs = DefaultCollectiveSpecs(ranks, pf.max_bytes);
   if (program)
     for (const CollectiveSpec& s : ProgramCollectiveSpecs(*program))
       if (s.group_size <= ranks) specs.push_back(s);
   Result<std::vector<CollectiveSample>> samples = Status::Error("unreachable");
   Result<InterferenceMeasurement> interference = Status::Error("unreachable");
-  InterferenceOptions interference_options;
-  interference_options.comm_bytes = std::min<int64_t>(interference_options.comm_bytes, pf.max_bytes / 4 * 4);
   std::string comm_backend;
   if (pf.in_process) {
     comm_backend = "in-process (FakeWorld threads: memory copies, no network)";
@@ -737,6 +738,12 @@ int CmdProfile(const ProfileFlags& pf) {
   }
   if (!samples.ok()) return Fail(samples.status());
   if (!interference.ok()) return Fail(interference.status());
+  // With --apply-corun the database and the fits take the one-process times
+  // x (1 + the measured co-run slowdown): right where every rank computes at
+  // once (dp, tp), wrong in a pipeline's bubbles (docs/runtime.md).
+  const double corun = interference->corun;
+  if (pf.apply_corun)
+    for (KernelSample& k : kernels) k.time_us *= 1 + corun;
   Result<ComputeFit> compute = FitCompute(kernels);
   if (!compute.ok()) return Fail(compute.status());
   Result<CollectiveFit> comm = FitCollectives(*samples);
@@ -763,12 +770,17 @@ int CmdProfile(const ProfileFlags& pf) {
                         {"interference", interference->interference},
                         {"interference_comm_bytes", interference->comm_bytes},
                         {"interference_kernels", nlohmann::json::array()},
+                        {"corun_slowdown", corun},
+                        {"corun_round_factors", interference->corun_round_factors},
+                        {"corun_applied", pf.apply_corun},
                         {"profile_entries", db.size()},
                         {"profile_file", db_path},
                         {"cluster_file", cluster_path}};
     for (const InterferenceKernel& k : interference->kernels)
-      j["interference_kernels"].push_back(
-          {{"kernel", k.kernel}, {"alone_us", k.alone_us}, {"overlapped_us", k.overlapped_us}});
+      j["interference_kernels"].push_back({{"kernel", k.kernel},
+                                           {"solo_us", k.solo_us},
+                                           {"alone_us", k.alone_us},
+                                           {"overlapped_us", k.overlapped_us}});
     std::cout << DumpJson(j, 2) << "\n";
     return 0;
   }
@@ -778,14 +790,19 @@ int CmdProfile(const ProfileFlags& pf) {
       "efficiency {:.4f}\n"
       "fitted link: alpha {:.2f} us per step, {:.4f} GB/s (worst relative error {:.0f}%)\n"
       "interference: {:.3f} (compute at 1/(1+f) while an all_reduce of {} bytes is in flight)\n"
+      "co-run slowdown: {:.3f} (kernels while every rank computes against rank 0 computing alone; {})\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
       kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
       compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
       comm->latency_us, comm->bandwidth_gbps, 100 * comm->max_rel_error, interference->interference,
-      interference->comm_bytes, db.size(), db_path, cluster_path);
+      interference->comm_bytes, corun,
+      pf.apply_corun ? "the profiled kernel times are scaled by 1 + it (--apply-corun)"
+                     : "reported, not applied; --apply-corun scales the kernel times by 1 + it",
+      db.size(), db_path, cluster_path);
   for (const InterferenceKernel& k : interference->kernels)
-    std::cout << fmt::format("  {}: {:.1f} us alone, {:.1f} us with the all_reduce in flight (+{:.1f}%)\n", k.kernel,
-                             k.alone_us, k.overlapped_us, 100 * (k.overlapped_us / k.alone_us - 1));
+    std::cout << fmt::format("  {}: {:.1f} us on rank 0 alone, {:.1f} us while every rank computes, {:.1f} us with "
+                             "the all_reduce in flight too (+{:.1f}%)\n",
+                             k.kernel, k.solo_us, k.alone_us, k.overlapped_us, 100 * (k.overlapped_us / k.alone_us - 1));
   return 0;
 }
 
@@ -941,6 +958,9 @@ int RealMain(int argc, char** argv) {
                       "OUT_DIR/profile.json (needs --program, the program the run executed, and --cluster)");
   profile->add_option("--cluster", pf.cluster, "--from-trace: the cluster preset or file the run was scheduled on");
   profile->add_option("--profile", pf.base, "--from-trace: the profile database to update (its other entries are kept)");
+  profile->add_flag("--apply-corun", pf.apply_corun,
+                    "scale the kernels' one-process times by 1 + the measured co-run slowdown (the interference "
+                    "kernels' time while every rank computes over rank 0's alone; default: report it only)");
   profile->add_flag("--json", pf.json, "print one JSON object");
 
   try {

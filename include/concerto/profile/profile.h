@@ -171,6 +171,7 @@ struct InterferenceKernel {
   double alone_us = 0;     // every rank computing, no communication
   double overlapped_us = 0;  // the same while the all_reduce is in flight
   int alone_reps = 0, overlapped_reps = 0;  // rank 0's counts
+  double solo_us = 0;      // rank 0 computing while the other ranks wait (0: not measured)
 };
 
 struct InterferenceMeasurement {
@@ -180,6 +181,8 @@ struct InterferenceMeasurement {
   int collectives = 0;        // all_reduces issued during the overlapped phases
   std::vector<double> round_factors;  // InterferenceFactor of each round's medians
   double interference = 0;    // MedianFactor(round_factors)
+  std::vector<double> corun_round_factors;  // CorunSlowdown of each round's solo and alone medians
+  double corun = 0;           // MedianFactor(corun_round_factors): the co-run slowdown
 };
 
 /// f = (sum of the kernels' overlapped times) / (sum of their alone times)
@@ -190,7 +193,10 @@ double InterferenceFactor(const std::vector<InterferenceKernel>& kernels);
 /// spike on a shared machine); 0 when empty.
 double MedianFactor(const std::vector<double>& factors);
 
-/// Every rank of the world calls this together, `rounds` times two phases.
+/// Every rank of the world calls this together, `rounds` times three phases.
+/// Solo: after a world barrier rank 0 times each kernel while the others
+/// wait in the next barrier (solo_us; per round CorunSlowdown of the solo
+/// and alone medians goes to corun_round_factors, their median to corun).
 /// Alone: after a world barrier every rank times each kernel. Overlapped:
 /// a second thread issues all_reduces of comm_bytes on the world back to
 /// back while this thread times the kernels, keeping a run only when the
@@ -207,6 +213,14 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
 /// MeasureInterference over a FakeWorld of `ranks` threads (measures this
 /// process's memory copies competing with compute, not a network).
 Result<InterferenceMeasurement> MeasureInterferenceInProcess(int ranks, const InterferenceOptions& options);
+
+/// Co-running: how much slower a kernel runs while every rank computes (as
+/// in a step) than while only one does (as ProfileKernels times it, one
+/// process): the processes share cores, caches and memory bandwidth.
+/// sum(corun) / sum(solo) - 1 over the kernels, clamped to [0, 10] (a co-run
+/// faster than solo is noise, not a speed-up); 0 when either is empty, their
+/// sizes differ or a sum is not positive.
+double CorunSlowdown(const std::vector<double>& solo_us, const std::vector<double>& corun_us);
 
 /// As JSON ({"format": "concerto-interference", ...}) and back; errors name
 /// the file and the field.
