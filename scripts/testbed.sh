@@ -86,7 +86,7 @@ for s in $SCHEDULERS; do
     'BEGIN { printf "%-12s %12.1f %10.1f %10.1f %14.1f %10.3f", s, m / 1e3, lo / 1e3, hi / 1e3, p / 1e3, p / m }')")
 done
 echo "testbed: load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us" >&2
+echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), co-run slowdown $(field "$OUT/cpu-local.json" corun_slowdown), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us" >&2
 printf '%-12s %12s %10s %10s %14s %10s\n' scheduler median_ms min_ms max_ms simulated_ms sim/median
 printf '%s\n' "${rows[@]}"
 echo "testbed: files in $OUT (per scheduler: .simulated.json, .measured.json, .measured.trace.json)" >&2

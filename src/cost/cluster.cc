@@ -333,6 +333,7 @@ class ClusterFileReader {
            return String(n, f, &spec->collective_algorithm);
          }},
         {"interference", NumberField(&spec->interference)},
+        {"corun_slowdown", NumberField(&spec->corun_slowdown)},
         {"topology", [&](const FileNode& n, const std::string& f) { return Map(n, f, topology_fields); }},
     };
     CONCERTO_RETURN_IF_ERROR(Map(root, "", top_fields));
@@ -546,6 +547,9 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
   if (!std::isfinite(spec.interference) || spec.interference < 0 || spec.interference > 10)
     return error("interference",
                  "must be a slowdown fraction in [0, 10], got " + FormatNumber(spec.interference));
+  if (!std::isfinite(spec.corun_slowdown) || spec.corun_slowdown < 0 || spec.corun_slowdown > 10)
+    return error("corun_slowdown",
+                 "must be a slowdown fraction in [0, 10], got " + FormatNumber(spec.corun_slowdown));
   CONCERTO_RETURN_IF_ERROR(positive("device.gemm_ramp_k", d.gemm_ramp_k));
   if (d.sm_count < 0 || d.sm_count > 100000)
     return error("device.sm_count", "must be a whole number in [0, 100000] (0: size-blind GEMMs), got " +
@@ -589,6 +593,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
                      {"latency_us", spec.inter_node.latency_us}};
   j["collective_algorithm"] = spec.collective_algorithm;
   j["interference"] = spec.interference;
+  j["corun_slowdown"] = spec.corun_slowdown;
   const TopologySpec& t = spec.topology;
   j["topology"] = {{"intra_link", t.intra_link},
                    {"nics_per_node", t.nics_per_node},

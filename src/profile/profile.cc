@@ -835,7 +835,7 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
 }
 
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
-                                const std::string& device_name, double interference) {
+                                const std::string& device_name, double interference, double corun_slowdown) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
@@ -854,6 +854,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.inter_node = c.intra_node;
   c.collective_algorithm = "ring";
   c.interference = std::clamp(interference, 0.0, 10.0);
+  c.corun_slowdown = std::clamp(corun_slowdown, 0.0, 10.0);
   return c;
 }
 

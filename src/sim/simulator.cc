@@ -116,6 +116,7 @@ class Simulator {
     assert(indexes_.size() == p_.graphs.size() && "one index per graph");
     interference_ = EffectiveInterference(options.interference, cost.cluster());
     growth_ = cost.cluster().topology.interference_growth;
+    corun_ = cost.cluster().corun_slowdown;
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
     ranks_ = ChooseRanks(p_, indexes_, cost_, options.all_ranks, &rep);
@@ -210,7 +211,35 @@ class Simulator {
       running_compute_.push_back({});
       comm_inflight_.push_back(0);
     }
+    if (corun_ > 0) SetupCorun();
     return Status::Ok();
+  }
+
+  /// Co-running: for each simulated rank, the simulated ranks that stand for
+  /// the other devices of its node (with how many devices each stands for:
+  /// a role's representative stands for all the role's ranks), and the
+  /// reverse lists.
+  void SetupCorun() {
+    std::map<int, int> sim_of;  // real rank -> simulated rank standing for it
+    for (size_t sr = 0; sr < sim_.size(); ++sr) sim_of[sim_[sr].rank] = static_cast<int>(sr);
+    if (timeline_.representative)
+      for (size_t sr = 0; sr < sim_.size(); ++sr)
+        for (int r : p_.roles[sim_[sr].role].ranks) sim_of[r] = static_cast<int>(sr);
+    const ClusterSpec& c = cost_.cluster();
+    mates_.assign(sim_.size(), {});
+    node_others_.assign(sim_.size(), 0);
+    watchers_.assign(sim_.size(), {});
+    for (size_t sr = 0; sr < sim_.size(); ++sr) {
+      const int me = sim_[sr].rank, node = c.NodeOf(me);
+      std::map<int, int> count;
+      for (const auto& [r, s] : sim_of)
+        if (r != me && c.NodeOf(r) == node) ++count[s];
+      for (const auto& [s, n] : count) {
+        mates_[sr].push_back({s, n});
+        node_others_[sr] += n;
+        if (s != static_cast<int>(sr)) watchers_[s].push_back(static_cast<int>(sr));
+      }
+    }
   }
 
   /// Matches collective instances (k-th collective on one group) and
@@ -444,24 +473,25 @@ class Simulator {
     return 1.0 / (1.0 + interference_ * (1.0 + growth_ * (n - 1)));
   }
 
-  void StartCompute(int sr, int gid) {
-    start_[gid] = now_;
-    stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]] = gid;
-    remaining_[gid] = duration_[gid];
-    rate_[gid] = ComputeRate(comm_inflight_[sr]);
-    last_update_[gid] = now_;
-    running_compute_[sr].push_back(gid);
-    Push(gid, now_ + remaining_[gid] / rate_[gid]);
+  /// Compute speed of simulated rank `sr` while it computes: interference
+  /// from its collectives in flight, and the co-run slowdown s x (share of
+  /// its node's other devices computing now) (ClusterSpec::corun_slowdown).
+  double RankRate(int sr) const {
+    double rate = ComputeRate(comm_inflight_[sr]);
+    if (corun_ > 0 && node_others_[sr] > 0) {
+      int computing = 0;
+      for (const auto& [s, n] : mates_[sr])
+        if (s == sr || !running_compute_[s].empty()) computing += n;
+      rate /= 1.0 + corun_ * computing / node_others_[sr];
+    }
+    return rate;
   }
 
-  /// Interference: when a rank's in-flight comm count changes the compute
-  /// speed (ComputeRate), running compute ops are re-timed.
-  void CommInflightChange(int sr, int delta) {
-    int before = comm_inflight_[sr];
-    comm_inflight_[sr] += delta;
-    const double new_rate = ComputeRate(comm_inflight_[sr]);
-    if (new_rate == ComputeRate(before)) return;
+  /// Re-times `sr`'s running compute ops whose speed RankRate changed.
+  void Retime(int sr) {
+    const double new_rate = RankRate(sr);
     for (int gid : running_compute_[sr]) {
+      if (rate_[gid] == new_rate) continue;
       remaining_[gid] -= (now_ - last_update_[gid]) * rate_[gid];
       remaining_[gid] = std::max(0.0, remaining_[gid]);
       rate_[gid] = new_rate;
@@ -469,6 +499,33 @@ class Simulator {
       ++version_[gid];
       Push(gid, now_ + remaining_[gid] / rate_[gid]);
     }
+  }
+
+  /// Co-running: `sr` started or stopped computing; its node-mates' compute
+  /// speeds change.
+  void ComputingChange(int sr) {
+    if (corun_ <= 0) return;
+    for (int w : watchers_[sr]) Retime(w);
+  }
+
+  void StartCompute(int sr, int gid) {
+    start_[gid] = now_;
+    stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]] = gid;
+    remaining_[gid] = duration_[gid];
+    running_compute_[sr].push_back(gid);
+    rate_[gid] = RankRate(sr);
+    last_update_[gid] = now_;
+    Push(gid, now_ + remaining_[gid] / rate_[gid]);
+    if (running_compute_[sr].size() == 1) ComputingChange(sr);
+  }
+
+  /// Interference: when a rank's in-flight comm count changes the compute
+  /// speed (RankRate), running compute ops are re-timed.
+  void CommInflightChange(int sr, int delta) {
+    int before = comm_inflight_[sr];
+    comm_inflight_[sr] += delta;
+    if (ComputeRate(comm_inflight_[sr]) == ComputeRate(before)) return;
+    Retime(sr);
   }
 
   void Push(int gid, double t) { queue_.push({t, seq_++, gid, version_[gid]}); }
@@ -486,6 +543,7 @@ class Simulator {
     } else {
       auto& run = running_compute_[sr];
       run.erase(std::find(run.begin(), run.end(), gid));
+      if (run.empty()) ComputingChange(sr);
     }
     int s = r.stream_of[i];
     heads_[sr][s]++;
@@ -591,6 +649,10 @@ class Simulator {
   std::vector<std::vector<int>> stream_last_;
   std::vector<std::vector<int>> running_compute_;
   std::vector<int> comm_inflight_;
+  double corun_ = 0;                                   // ClusterSpec::corun_slowdown
+  std::vector<std::vector<std::pair<int, int>>> mates_;  // per simulated rank: (simulated rank, devices it stands for)
+  std::vector<int> node_others_;                       // per simulated rank: other devices on its node
+  std::vector<std::vector<int>> watchers_;             // per simulated rank: ranks whose mates_ hold it
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;
   long seq_ = 0;
   long finished_ = 0;

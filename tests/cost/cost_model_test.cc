@@ -230,6 +230,17 @@ TEST(CostClusterTest, ValidateNamesField) {
   c = A800();
   c.devices_per_node = 0;
   EXPECT_NE(ValidateCluster(c, "x").message().find("field 'devices_per_node'"), std::string::npos);
+  // The co-run slowdown is a fraction in [0, 10] like interference, and
+  // survives the JSON round trip.
+  c = A800();
+  EXPECT_EQ(c.corun_slowdown, 0);  // GPUs share nothing across devices while computing
+  c.corun_slowdown = -0.1;
+  EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
+            "my.yaml: field 'corun_slowdown': must be a slowdown fraction in [0, 10], got -0.1");
+  c.corun_slowdown = 0.25;
+  Result<ClusterSpec> back = ParseCluster(ClusterToJson(c), "c.json", /*json=*/true);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->corun_slowdown, 0.25);
 }
 
 TEST(CostClusterTest, MeshMustFitCluster) {

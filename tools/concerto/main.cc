@@ -603,7 +603,7 @@ struct ProfileFlags {
   bool in_process = false;
   int64_t max_bytes = 16 << 20;
   int reps = 5;
-  bool apply_corun = false;  // --apply-corun: scale the kernel times by 1 + the co-run slowdown
+  bool no_corun = false;  // --no-corun: the cluster's corun_slowdown 0 (measured and reported all the same)
   bool json = false;
 };
 
@@ -738,17 +738,15 @@ int CmdProfile(const ProfileFlags& pf) {
   }
   if (!samples.ok()) return Fail(samples.status());
   if (!interference.ok()) return Fail(interference.status());
-  // With --apply-corun the database and the fits take the one-process times
-  // x (1 + the measured co-run slowdown): right where every rank computes at
-  // once (dp, tp), wrong in a pipeline's bubbles (docs/runtime.md).
+  // The kernels keep their one-process times; the simulator slows them by
+  // the cluster's corun_slowdown while other ranks of the node compute.
   const double corun = interference->corun;
-  if (pf.apply_corun)
-    for (KernelSample& k : kernels) k.time_us *= 1 + corun;
   Result<ComputeFit> compute = FitCompute(kernels);
   if (!compute.ok()) return Fail(compute.status());
   Result<CollectiveFit> comm = FitCollectives(*samples);
   if (!comm.ok()) return Fail(comm.status());
-  const ClusterSpec cluster = MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference);
+  const ClusterSpec cluster =
+      MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference, pf.no_corun ? 0 : corun);
   const ProfileDb db = MakeProfileDb(device, kernels, *samples, program.get(), cluster);
   const std::string cluster_path = pf.out_dir + "/cpu-local.json", db_path = pf.out_dir + "/profile.json";
   if (Status s = WriteTextFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
@@ -772,7 +770,7 @@ int CmdProfile(const ProfileFlags& pf) {
                         {"interference_kernels", nlohmann::json::array()},
                         {"corun_slowdown", corun},
                         {"corun_round_factors", interference->corun_round_factors},
-                        {"corun_applied", pf.apply_corun},
+                        {"corun_in_cluster", !pf.no_corun},
                         {"profile_entries", db.size()},
                         {"profile_file", db_path},
                         {"cluster_file", cluster_path}};
@@ -796,8 +794,8 @@ int CmdProfile(const ProfileFlags& pf) {
       compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
       comm->latency_us, comm->bandwidth_gbps, 100 * comm->max_rel_error, interference->interference,
       interference->comm_bytes, corun,
-      pf.apply_corun ? "the profiled kernel times are scaled by 1 + it (--apply-corun)"
-                     : "reported, not applied; --apply-corun scales the kernel times by 1 + it",
+      pf.no_corun ? "not in the cluster: --no-corun"
+                  : "the cluster's corun_slowdown: compute slows by it while every other rank of the node computes",
       db.size(), db_path, cluster_path);
   for (const InterferenceKernel& k : interference->kernels)
     std::cout << fmt::format("  {}: {:.1f} us on rank 0 alone, {:.1f} us while every rank computes, {:.1f} us with "
@@ -958,9 +956,10 @@ int RealMain(int argc, char** argv) {
                       "OUT_DIR/profile.json (needs --program, the program the run executed, and --cluster)");
   profile->add_option("--cluster", pf.cluster, "--from-trace: the cluster preset or file the run was scheduled on");
   profile->add_option("--profile", pf.base, "--from-trace: the profile database to update (its other entries are kept)");
-  profile->add_flag("--apply-corun", pf.apply_corun,
-                    "scale the kernels' one-process times by 1 + the measured co-run slowdown (the interference "
-                    "kernels' time while every rank computes over rank 0's alone; default: report it only)");
+  profile->add_flag("--no-corun", pf.no_corun,
+                    "write corun_slowdown 0 into the cluster (default: the measured co-run slowdown, the interference "
+                    "kernels' time while every rank computes over rank 0's alone; the simulator applies it while "
+                    "other ranks of the node compute)");
   profile->add_flag("--json", pf.json, "print one JSON object");
 
   try {

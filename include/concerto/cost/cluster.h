@@ -89,6 +89,11 @@ struct ClusterSpec {
   std::string collective_algorithm = "auto";
   /// Compute slows by this fraction while a collective is in flight (0.2 = 20% slower).
   double interference = 0;
+  /// Compute slows by this fraction while every other device of its node
+  /// computes too, in proportion to the share of them computing: processes
+  /// sharing cores and memory bandwidth (the CPU testbed; `concerto profile`
+  /// measures it). 0 for GPUs, whose kernels share nothing across devices.
+  double corun_slowdown = 0;
   TopologySpec topology;
 
   int NumDevices() const { return nodes * devices_per_node; }

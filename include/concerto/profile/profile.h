@@ -229,10 +229,10 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path);
 
 /// The `cpu-local` cluster: one node of `ranks` devices (one per process)
 /// with the fitted device and the fitted link on both intra and inter
-/// links; ring collectives; `interference` as measured (MeasureInterference;
-/// 0 when not measured).
+/// links; ring collectives; `interference` and `corun_slowdown` as measured
+/// (MeasureInterference's interference and corun; 0 when not measured).
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
-                                const std::string& device_name, double interference = 0);
+                                const std::string& device_name, double interference = 0, double corun_slowdown = 0);
 
 /// A profile database for `device`: every kernel sample, and for every
 /// collective op of `program` (if any) whose (type, group size, bytes) was
