@@ -4,21 +4,25 @@
 #
 # Creates a network namespace whose loopback is shaped with tbf (default
 # 1 Gbit/s, bucket BURST=256kb, queue LATENCY=50ms: docs/runtime.md "The
-# testbed" says why), profiles this machine inside it (`concerto profile`:
-# kernels of the workload, collectives over MPI on the shaped loopback,
-# interference, a fitted cpu-local cluster), then for each scheduler makes
+# testbed" says why). For each workload of PLANS (default dp=2, tp=2 and a
+# pipeline, pp=2 with 4 micro-batches) it profiles this machine inside the
+# namespace (`concerto profile`: kernels of the workload, collectives over
+# MPI on the shaped loopback, interference and co-run slowdown, a fitted
+# cpu-local cluster), then for each of SCHEDULERS (default: all seven) makes
 # the schedule on that cluster + profile database, takes the simulator's
 # prediction, and runs the step for real over MPI inside the namespace
 # (WARMUP + ITERATIONS steps on buffers initialised once). Prints one row
-# per scheduler: measured median, min and max, simulated, simulated /
-# median; and the load average before and after (the figures mean little
-# on a loaded machine). About 4-6 minutes with the defaults on 2 cores.
+# per scheduler and workload (measured median, min and max, simulated,
+# simulated / median), the load average before and after (the figures mean
+# little on a loaded machine), then the summary (scripts/testbed_summary.py:
+# error per cell, cells within 10%, the ranking check; OUT/testbed.json).
+# About 10 minutes with the defaults on 2 cores.
 # The namespace is removed on every exit (normal, error, Ctrl-C, kill).
 #
 # usage: scripts/testbed.sh [BUILD_DIR]     (env: RATE=1gbit BURST=256kb LATENCY=50ms
-#        ITERATIONS=5 WARMUP=1 SCHEDULERS="sequential ddp concerto"
-#        MODEL=examples/models/gpt-testbed.yaml PLAN=dp=2 OUT=BUILD_DIR/testbed
-#        CONCERTO_BUDGET=30)
+#        ITERATIONS=5 WARMUP=1 SCHEDULERS="sequential fifo ddp megatron zero xla-lhs concerto"
+#        MODEL=examples/models/gpt-testbed.yaml PLANS="dp=2 tp=2 pp=2,microbatches=4"
+#        (PLAN=P: that one workload) OUT=BUILD_DIR/testbed (one folder per workload) CONCERTO_BUDGET=30)
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -27,10 +31,10 @@ BURST=${BURST:-256kb}
 LATENCY=${LATENCY:-50ms}
 ITERATIONS=${ITERATIONS:-5}
 WARMUP=${WARMUP:-1}
-SCHEDULERS=${SCHEDULERS:-"sequential ddp concerto"}
+SCHEDULERS=${SCHEDULERS:-"sequential fifo ddp megatron zero xla-lhs concerto"}
 MODEL=${MODEL:-examples/models/gpt-testbed.yaml}
-PLAN=${PLAN:-dp=2}
-OUT=${OUT:-$BUILD/testbed}
+PLANS=${PLAN:-${PLANS:-"dp=2 tp=2 pp=2,microbatches=4"}}
+OUT_ROOT=${OUT:-$BUILD/testbed}
 CONCERTO_BUDGET=${CONCERTO_BUDGET:-30}
 CONCERTO=$BUILD/concerto
 
@@ -38,7 +42,7 @@ if [[ $(id -u) -ne 0 ]]; then
   echo "testbed: needs root (ip netns, tc)" >&2
   exit 2
 fi
-for tool in ip tc mpirun; do
+for tool in ip tc mpirun python3; do
   command -v "$tool" >/dev/null || { echo "testbed: '$tool' not found" >&2; exit 2; }
 done
 [[ -x $CONCERTO && -x $BUILD/concerto_mpi_run ]] || {
@@ -60,14 +64,20 @@ ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$RATE" burst "$BURST" lat
 in_ns() { ip netns exec "$NS" "$@"; }
 echo "testbed: namespace $NS, loopback shaped: $(in_ns tc qdisc show dev lo)" >&2
 
+# The first number after "KEY": in a JSON file.
+field() { grep -o "\"$2\": *[-0-9.eE+]*" "$1" | head -1 | sed 's/.*: *//'; }
+
+summary_args=()
+for PLAN in $PLANS; do
+tag=$(echo "$PLAN" | tr ',=' '__')
+OUT=$OUT_ROOT/$tag
+summary_args+=("$tag=$PLAN")
+echo "testbed: workload $MODEL under $PLAN (files in $OUT)" >&2
 mkdir -p "$OUT"
 "$CONCERTO" lower --model "$MODEL" --plan "$PLAN" -o "$OUT/program.json" >&2
 in_ns "$CONCERTO" profile --program "$OUT/program.json" --out-dir "$OUT" --max-bytes 16777216 --reps 3 \
   --json > "$OUT/profile.summary.json"
 cat "$OUT/profile.summary.json" >&2
-
-# The first number after "KEY": in a JSON file.
-field() { grep -o "\"$2\": *[-0-9.eE+]*" "$1" | head -1 | sed 's/.*: *//'; }
 
 echo "testbed: load average before the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 rows=()
@@ -87,6 +97,11 @@ for s in $SCHEDULERS; do
 done
 echo "testbed: load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), co-run slowdown $(field "$OUT/cpu-local.json" corun_slowdown), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us" >&2
+echo "=== $PLAN"
 printf '%-12s %12s %10s %10s %14s %10s\n' scheduler median_ms min_ms max_ms simulated_ms sim/median
 printf '%s\n' "${rows[@]}"
-echo "testbed: files in $OUT (per scheduler: .simulated.json, .measured.json, .measured.trace.json)" >&2
+done
+
+echo
+python3 "$(dirname "$0")/testbed_summary.py" "$OUT_ROOT" "${summary_args[@]}"
+echo "testbed: files in $OUT_ROOT/<workload>/ (per scheduler: .simulated.json, .measured.json, .measured.trace.json); summary in $OUT_ROOT/testbed.json" >&2
