@@ -695,14 +695,14 @@ int CmdProfile(const ProfileFlags& pf) {
     if (!k.ok()) return Fail(k.status());
     kernels.insert(kernels.end(), k->begin(), k->end());
   }
-  InterferenceOptions interference_options;
-  interference_options.comm_bytes = std::min<int64_t>(interference_options.comm_bytes, pf.max_bytes / 4 * 4);
   std::vector<CollectiveSpec> specs = DefaultCollectiveSpecs(ranks, pf.max_bytes);
   if (program)
     for (const CollectiveSpec& s : ProgramCollectiveSpecs(*program))
       if (s.group_size <= ranks) specs.push_back(s);
   Result<std::vector<CollectiveSample>> samples = Status::Error("unreachable");
   Result<InterferenceMeasurement> interference = Status::Error("unreachable");
+  InterferenceOptions interference_options;
+  interference_options.comm_bytes = std::min<int64_t>(interference_options.comm_bytes, pf.max_bytes / 4 * 4);
   std::string comm_backend;
   if (pf.in_process) {
     comm_backend = "in-process (FakeWorld threads: memory copies, no network)";
@@ -738,9 +738,7 @@ int CmdProfile(const ProfileFlags& pf) {
   }
   if (!samples.ok()) return Fail(samples.status());
   if (!interference.ok()) return Fail(interference.status());
-  // The kernels keep their one-process times; the simulator slows them by
-  // the cluster's corun_slowdown while other ranks of the node compute.
-  const double corun = interference->corun;
+  const double corun = interference->corun;  // the cluster's corun_slowdown unless --no-corun
   Result<ComputeFit> compute = FitCompute(kernels);
   if (!compute.ok()) return Fail(compute.status());
   Result<CollectiveFit> comm = FitCollectives(*samples);
