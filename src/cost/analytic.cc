@@ -135,8 +135,7 @@ CommTime TreeAllReduceTime(int n, double bytes, const LinkSpec& link, bool intra
 /// Two-level time of `type` for a group spanning several nodes with several
 /// ranks on some of them (docs/cost-model.md, "Hierarchical").
 CommTime HierarchicalTime(CollectiveType type, const GroupLayout& g, double bytes,
-                          const ClusterSpec& cluster) {
-  const LinkSpec& intra = cluster.intra_node;
+                          const ClusterSpec& cluster, const LinkSpec& intra) {
   const LinkSpec& inter = cluster.inter_node;
   const int local = g.max_local;                   // intra phases: the fullest node
   const double shard = bytes / std::max(1, g.min_local);  // inter phase: the largest shard
@@ -377,7 +376,13 @@ CommTime AnalyticCostModel::CollectiveTime(CollectiveType type, int64_t bytes,
   assert((algo == "auto" || algo == "ring" || algo == "tree" || algo == "hierarchical") &&
          "collective_algorithm not validated (ValidateCluster)");
   const bool one_node = g.nodes == 1;
-  const LinkSpec& link = one_node ? cluster_.intra_node : cluster_.inter_node;
+  // A bus: the group's ranks on one node send at once through the node's one
+  // medium, each at its share.
+  LinkSpec intra = cluster_.intra_node;
+  if (cluster_.topology.IsBus()) intra.bandwidth_gbps /= RingSenders(type, g.max_local);
+  LinkSpec link = one_node ? intra : cluster_.inter_node;
+  if (!one_node && cluster_.topology.IsBus() && g.max_local > 1)
+    link.bandwidth_gbps = std::min(link.bandwidth_gbps, intra.bandwidth_gbps);  // a ring's hops inside a node
   if (algo == "tree" && type == CollectiveType::kAllReduce) return TreeAllReduceTime(g.ranks, s, link, one_node);
   if (one_node && type == CollectiveType::kAllReduce && algo == "auto" && cluster_.topology.nvls_algbw_gbps > 0) {
     // NVLS: the switch reduces; each rank sends and receives the buffer once
@@ -387,7 +392,7 @@ CommTime AnalyticCostModel::CollectiveTime(CollectiveType type, int64_t bytes,
     return nvls.TotalUs() < ring.TotalUs() ? nvls : ring;
   }
   if (algo == "ring" || algo == "tree" || one_node || g.max_local == 1) return RingTime(type, g.ranks, s, link, one_node);
-  return HierarchicalTime(type, g, s, cluster_);  // auto, hierarchical
+  return HierarchicalTime(type, g, s, cluster_, intra);  // auto, hierarchical
 }
 
 CommTime AnalyticCostModel::SendRecvTime(int64_t bytes, int from_rank, int to_rank) const {
@@ -397,6 +402,10 @@ CommTime AnalyticCostModel::SendRecvTime(int64_t bytes, int from_rank, int to_ra
   const LinkSpec& link = same_node ? cluster_.intra_node : cluster_.inter_node;
   return OnLink(link.latency_us, TransferUs(static_cast<double>(std::max<int64_t>(bytes, 0)), link.bandwidth_gbps),
                 same_node);
+}
+
+int RingSenders(CollectiveType type, int ranks) {
+  return std::max(1, type == CollectiveType::kBroadcast ? ranks - 1 : ranks);
 }
 
 Status CheckMeshFitsCluster(const Mesh& mesh, const ClusterSpec& cluster) {

@@ -555,8 +555,8 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
     return error("device.sm_count", "must be a whole number in [0, 100000] (0: size-blind GEMMs), got " +
                                         std::to_string(d.sm_count));
   const TopologySpec& t = spec.topology;
-  if (t.intra_link != "nvswitch" && t.intra_link != "pcie")
-    return error("topology.intra_link", "must be one of nvswitch, pcie, got '" + t.intra_link + "'");
+  if (t.intra_link != "nvswitch" && t.intra_link != "pcie" && t.intra_link != "bus")
+    return error("topology.intra_link", "must be one of nvswitch, pcie, bus, got '" + t.intra_link + "'");
   if (t.nics_per_node < 0) return error("topology.nics_per_node", "must be >= 0");
   if (!std::isfinite(t.nvls_algbw_gbps) || t.nvls_algbw_gbps < 0)
     return error("topology.nvls_algbw_gbps", "must be >= 0 (0: no NVLink SHARP), got " + FormatNumber(t.nvls_algbw_gbps));

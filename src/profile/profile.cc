@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "concerto/cost/cost_model.h"
 #include "concerto/ir/graph_index.h"
 #include "concerto/ir/op_registry.h"
 #include "concerto/lower/transformer.h"
@@ -321,25 +322,74 @@ Result<std::vector<CollectiveSample>> ProfileCollectives(Communicator& comm,
   return out;
 }
 
+std::vector<int64_t> DefaultOneWaySizes(int64_t max_bytes) {
+  std::vector<int64_t> sizes;
+  for (int64_t div : {16, 4, 1}) {
+    const int64_t b = max_bytes / div / 4 * 4;
+    if (b >= (64 << 10) && (sizes.empty() || b > sizes.back())) sizes.push_back(b);
+  }
+  return sizes;
+}
+
+Result<std::vector<OneWaySample>> ProfileOneWay(Communicator& comm, const std::vector<int64_t>& sizes, int reps) {
+  std::vector<OneWaySample> out;
+  if (comm.size() < 2) return out;
+  std::vector<int> world;
+  for (int r = 0; r < comm.size(); ++r) world.push_back(r);
+  for (const int64_t bytes : sizes) {
+    if (bytes <= 0 || bytes % 4 != 0)
+      return Status::Error("one-way transfer of " + std::to_string(bytes) + " bytes: not a positive multiple of 4");
+    std::vector<float> buf(static_cast<size_t>(bytes / 4), 1.0f);
+    std::vector<double> times;
+    for (int k = 0; k <= reps; ++k) {  // k == 0: warm-up
+      float token = 0;
+      CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, &token, &token, 1));
+      const auto t0 = Clock::now();
+      if (comm.rank() == 0) CONCERTO_RETURN_IF_ERROR(comm.Send(buf.data(), bytes / 4, 1, 0));
+      if (comm.rank() == 1) CONCERTO_RETURN_IF_ERROR(comm.Recv(buf.data(), bytes / 4, 0, 0));
+      float dt = comm.rank() <= 1 ? static_cast<float>(SecondsSince(t0) * 1e6) : 0.0f;
+      CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &dt, &dt, 1));
+      if (k > 0) times.push_back(dt);
+    }
+    out.push_back({bytes, Median(times), reps});
+  }
+  return out;
+}
+
 Result<std::vector<CollectiveSample>> ProfileCollectivesInProcess(int ranks, const std::vector<CollectiveSpec>& specs,
-                                                                  int reps) {
+                                                                  int reps, std::vector<OneWaySample>* one_way,
+                                                                  int64_t max_bytes) {
   if (ranks < 1) return Status::Error("in-process collective profile: need at least 1 rank");
   FakeWorld world(ranks);
   std::vector<Result<std::vector<CollectiveSample>>> results(ranks, Status::Error("rank did not run"));
+  std::vector<Result<std::vector<OneWaySample>>> one_way_results(ranks, std::vector<OneWaySample>{});
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
-    threads.emplace_back([&, r] { results[r] = ProfileCollectives(world.endpoint(r), specs, reps); });
+    threads.emplace_back([&, r] {
+      results[r] = ProfileCollectives(world.endpoint(r), specs, reps);
+      if (one_way && results[r].ok())
+        one_way_results[r] = ProfileOneWay(world.endpoint(r), DefaultOneWaySizes(max_bytes), reps);
+    });
   for (std::thread& t : threads) t.join();
-  for (int r = 0; r < ranks; ++r)
+  for (int r = 0; r < ranks; ++r) {
     if (!results[r].ok()) return results[r].status();
+    if (!one_way_results[r].ok()) return one_way_results[r].status();
+  }
+  if (one_way) *one_way = *one_way_results[0];
   return results[0];
 }
 
-std::string WriteCollectiveSamples(const std::vector<CollectiveSample>& samples, int ranks) {
+std::string WriteCollectiveSamples(const std::vector<CollectiveSample>& samples, int ranks,
+                                   const std::vector<OneWaySample>& one_way) {
   nlohmann::json j = {{"format", "concerto-collective-samples"}, {"ranks", ranks}, {"samples", nlohmann::json::array()}};
   for (const CollectiveSample& s : samples)
     j["samples"].push_back({{"collective", ToString(s.spec.type)}, {"group_size", s.spec.group_size},
                             {"bytes", s.spec.bytes}, {"time_us", s.time_us}, {"reps", s.reps}});
+  if (!one_way.empty()) {
+    j["one_way"] = nlohmann::json::array();
+    for (const OneWaySample& s : one_way)
+      j["one_way"].push_back({{"bytes", s.bytes}, {"time_us", s.time_us}, {"reps", s.reps}});
+  }
   return DumpJson(j, 1) + "\n";
 }
 
@@ -358,7 +408,8 @@ Result<nlohmann::json> ReadJsonFile(const std::string& path) {
 
 }  // namespace
 
-Result<std::vector<CollectiveSample>> ReadCollectiveSamples(const std::string& path) {
+Result<std::vector<CollectiveSample>> ReadCollectiveSamples(const std::string& path,
+                                                            std::vector<OneWaySample>* one_way) {
   Result<nlohmann::json> parsed = ReadJsonFile(path);
   if (!parsed.ok()) return parsed.status();
   const nlohmann::json& j = *parsed;
@@ -386,6 +437,21 @@ Result<std::vector<CollectiveSample>> ReadCollectiveSamples(const std::string& p
     s.reps = e.value("reps", 0);
     out.push_back(s);
   }
+  if (one_way) one_way->clear();
+  if (j.contains("one_way")) {
+    if (!j["one_way"].is_array()) return Status::Error(path + ": field 'one_way' must be a list");
+    for (size_t i = 0; i < j["one_way"].size(); ++i) {
+      const nlohmann::json& e = j["one_way"][i];
+      const std::string where = path + ": one_way " + std::to_string(i) + ": ";
+      if (!e.is_object() || !e.contains("bytes") || !e.contains("time_us"))
+        return Status::Error(where + "needs 'bytes' and 'time_us'");
+      if (!e["bytes"].is_number_integer() || e["bytes"].get<int64_t>() <= 0)
+        return Status::Error(where + "field 'bytes' must be a positive integer");
+      if (!e["time_us"].is_number() || !(e["time_us"].get<double>() >= 0))
+        return Status::Error(where + "field 'time_us' must be a non-negative number");
+      if (one_way) one_way->push_back({e["bytes"].get<int64_t>(), e["time_us"].get<double>(), e.value("reps", 0)});
+    }
+  }
   return out;
 }
 
@@ -410,7 +476,18 @@ Result<LinearFit> FitLine(const std::vector<double>& x, const std::vector<double
   return f;
 }
 
-Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& samples) {
+namespace {
+
+/// Ring steps and bytes factor of a sample; on a bus the factor also counts
+/// the ring's senders, who share the medium (RingSenders).
+std::pair<double, double> SampleFactors(const CollectiveSpec& spec, bool bus) {
+  auto [steps, factor] = RingFactors(spec.type, spec.group_size);
+  if (bus) factor *= RingSenders(spec.type, spec.group_size);
+  return {steps, factor};
+}
+
+/// Alpha and B of the collectives on ports (`bus` false) or on a bus.
+Result<CollectiveFit> FitAlphaBeta(const std::vector<CollectiveSample>& samples, bool bus) {
   // Large: >= 1 MiB, or the largest size measured when that is smaller;
   // small: <= 4 KiB, or the smallest size measured when that is larger.
   // Only the smallest messages fix alpha: on a tbf-shaped link a message
@@ -442,7 +519,7 @@ Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& sample
   for (int iteration = 0; iteration < 200; ++iteration) {
     double num = 0, den = 0;
     for (const CollectiveSample* s : large) {
-      const auto [steps, factor] = RingFactors(s->spec.type, s->spec.group_size);
+      const auto [steps, factor] = SampleFactors(s->spec, bus);
       const double x = factor * static_cast<double>(s->spec.bytes);
       num += x * (s->time_us - alpha * steps);
       den += x * x;
@@ -450,7 +527,7 @@ Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& sample
     per_byte = num / den;
     std::vector<double> rest;
     for (const CollectiveSample* s : small) {
-      const auto [steps, factor] = RingFactors(s->spec.type, s->spec.group_size);
+      const auto [steps, factor] = SampleFactors(s->spec, bus);
       rest.push_back(std::max(0.0, (s->time_us - per_byte * factor * static_cast<double>(s->spec.bytes)) / steps));
     }
     alpha = Median(rest);
@@ -461,7 +538,7 @@ Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& sample
     alpha = 0;
     double num = 0, den = 0;
     for (const CollectiveSample* s : large) {
-      const double x = RingFactors(s->spec.type, s->spec.group_size).second * static_cast<double>(s->spec.bytes);
+      const double x = SampleFactors(s->spec, bus).second * static_cast<double>(s->spec.bytes);
       num += x * s->time_us;
       den += x * x;
     }
@@ -473,10 +550,47 @@ Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& sample
   fit.bandwidth_gbps = 1e-3 / per_byte;
   for (const CollectiveSample& s : samples) {
     if (s.time_us <= 0 || s.spec.group_size < 2) continue;
-    const auto [steps, factor] = RingFactors(s.spec.type, s.spec.group_size);
+    const auto [steps, factor] = SampleFactors(s.spec, bus);
     const double model = alpha * steps + per_byte * factor * static_cast<double>(s.spec.bytes);
     fit.max_rel_error = std::max(fit.max_rel_error, std::abs(model - s.time_us) / s.time_us);
     ++fit.points;
+  }
+  return fit;
+}
+
+}  // namespace
+
+Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& samples,
+                                     const std::vector<OneWaySample>& one_way) {
+  Result<CollectiveFit> ports = FitAlphaBeta(samples, false);
+  if (!ports.ok()) return ports.status();
+  CollectiveFit fit = *ports;
+  fit.ports_gbps = ports->bandwidth_gbps;
+  if (one_way.empty()) return fit;
+  Result<CollectiveFit> bus = FitAlphaBeta(samples, true);
+  if (!bus.ok()) return fit;
+  fit.bus_gbps = bus->bandwidth_gbps;
+  // A lone transfer: alpha + bytes / B on either model (one step).
+  auto error = [&](const CollectiveFit& f) {
+    std::vector<double> e;
+    for (const OneWaySample& s : one_way) {
+      const double predicted = f.latency_us + static_cast<double>(s.bytes) / (f.bandwidth_gbps * 1e3);
+      if (s.time_us > 0 && predicted > 0) e.push_back(std::abs(std::log(predicted / s.time_us)));
+    }
+    return e.empty() ? 0.0 : Median(e);
+  };
+  const OneWaySample* largest = &one_way.front();
+  for (const OneWaySample& s : one_way)
+    if (s.bytes > largest->bytes) largest = &s;
+  if (largest->time_us > 0) fit.one_way_gbps = static_cast<double>(largest->bytes) / (largest->time_us * 1e3);
+  fit.one_way_points = static_cast<int>(one_way.size());
+  fit.ports_one_way_error = error(*ports);
+  fit.bus_one_way_error = error(*bus);
+  if (fit.bus_one_way_error < fit.ports_one_way_error) {
+    fit.latency_us = bus->latency_us;
+    fit.bandwidth_gbps = bus->bandwidth_gbps;
+    fit.max_rel_error = bus->max_rel_error;
+    fit.intra_link = "bus";
   }
   return fit;
 }
@@ -852,6 +966,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.device.launch_overhead_us = compute.launch_overhead_us;
   c.intra_node = LinkSpec{comm.bandwidth_gbps, comm.latency_us};
   c.inter_node = c.intra_node;
+  c.topology.intra_link = comm.intra_link;
   c.collective_algorithm = "ring";
   c.interference = std::clamp(interference, 0.0, 10.0);
   c.corun_slowdown = std::clamp(corun_slowdown, 0.0, 10.0);

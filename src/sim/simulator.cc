@@ -79,7 +79,8 @@ std::vector<int> ChooseRanks(const Program& p, const std::vector<GraphIndex>& in
     for (int r : role.ranks) all.push_back(r);
   std::sort(all.begin(), all.end());
   *representative = false;
-  if (all_ranks) return all;
+  // On a bus every transfer of a node meets every other, the replicas' too.
+  if (all_ranks || cost.cluster().topology.IsBus()) return all;
   std::vector<int> reps;
   for (const auto& role : p.roles) reps.push_back(*std::min_element(role.ranks.begin(), role.ranks.end()));
   std::set<int> rep_set(reps.begin(), reps.end());
@@ -387,19 +388,27 @@ class Simulator {
 
   /// The links a rendezvous's transfer loads: a collective both directions
   /// of each member's links; a send/recv pair the sender's outgoing and the
-  /// receiver's incoming direction.
+  /// receiver's incoming direction. On a bus the intra-node part loads its
+  /// node's one medium instead, once per node: the transfer at its price
+  /// fills it (a ring of k ranks is priced at B / k each).
   std::vector<std::pair<int, double>> Demand(const Rendezvous& rv, const LinkLoad& load) const {
     std::vector<std::pair<int, double>> d;
     auto add = [&](int sr, int slot, double x) {
       if (x > 0) d.push_back({sr * kLinkSlots + slot, x});
     };
+    const bool bus = cost_.cluster().topology.IsBus();
+    std::set<int> bus_nodes;
     for (int m : rv.members) {
       const int sr = gid_rank_[m];
       const OpKind kind = OpOf(m).kind;
       const bool tx = kind != OpKind::kRecv, rx = kind != OpKind::kSend;
-      if (tx) add(sr, kIntraTx, load.intra), add(sr, kInterTx, load.inter);
-      if (rx) add(sr, kIntraRx, load.intra), add(sr, kInterRx, load.inter);
+      if (bus) bus_nodes.insert(cost_.cluster().NodeOf(sim_[sr].rank));
+      if (tx) add(sr, kInterTx, load.inter), bus ? void() : add(sr, kIntraTx, load.intra);
+      if (rx) add(sr, kInterRx, load.inter), bus ? void() : add(sr, kIntraRx, load.intra);
     }
+    const int bus_base = static_cast<int>(sim_.size()) * kLinkSlots;
+    if (load.intra > 0)
+      for (int node : bus_nodes) d.push_back({bus_base + node, load.intra});
     return d;
   }
 

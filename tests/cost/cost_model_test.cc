@@ -528,6 +528,32 @@ TEST(CostAnalyticTest, SendRecvIntraAndInterNode) {
   EXPECT_NEAR(model.SendRecvUs(32 * kMiB, 3, 4), 184.78, 0.01);
 }
 
+TEST(CostAnalyticTest, BusSharesOneMediumAmongTheRingsRanks) {
+  // a800's links as one bus per node of 185 GB/s: a lone transfer gets all of
+  // it, each of a ring's k ranks on the node B / k (they all send at once).
+  ClusterSpec bus = A800();
+  bus.topology.intra_link = "bus";
+  ASSERT_TRUE(ValidateCluster(bus, "bus").ok());
+  AnalyticCostModel model(bus);
+  AnalyticCostModel ports(A800());
+  // send 32 MiB to the node-mate: 3.4 + 33,554,432 / 185e9 = 184.78 us, as on ports.
+  EXPECT_NEAR(model.SendRecvUs(32 * kMiB, 3, 4), 184.78, 0.01);
+  // all-reduce of 185 MB on ranks {0, 1}: 2 x 1 x 3.4 + 2 x 1/2 x 185e6 / (185e9 / 2) = 6.8 + 2000
+  EXPECT_NEAR(model.CollectiveUs(CollectiveType::kAllReduce, 185000000, {0, 1}), 2006.8, 1e-9);
+  EXPECT_NEAR(ports.CollectiveUs(CollectiveType::kAllReduce, 185000000, {0, 1}), 1006.8, 1e-9);
+  // on 4 ranks of the node: 2 x 3 x 3.4 + 2 x 3/4 x 185e6 / (185e9 / 4) = 20.4 + 6000
+  EXPECT_NEAR(model.CollectiveUs(CollectiveType::kAllReduce, 185000000, {0, 1, 2, 3}), 6020.4, 1e-9);
+  // Two ranks on each of two nodes (hierarchical): the intra-node phases,
+  // a reduce-scatter and an all-gather of 92.5 MB each over 2 ranks, run at
+  // 185 / 2 GB/s: 2 x 92.5e6 / 92.5e9 = 2000 us where the ports take 1000.
+  EXPECT_NEAR(model.CollectiveUs(CollectiveType::kAllReduce, 185000000, {0, 1, 8, 9}) -
+                  ports.CollectiveUs(CollectiveType::kAllReduce, 185000000, {0, 1, 8, 9}),
+              1000, 1e-6);
+  ClusterSpec bad = bus;
+  bad.topology.intra_link = "ring";
+  EXPECT_NE(ValidateCluster(bad, "f.yaml").message().find("topology.intra_link"), std::string::npos);
+}
+
 // ---------------------------------------------------------------------------
 // Profile database and precedence.
 

@@ -54,6 +54,71 @@ TEST(FitCollectives, RecoversAlphaAndBetaOfRingCollectives) {
   EXPECT_NE(FitCollectives({}).status().message().find("no samples"), std::string::npos);
 }
 
+TEST(FitCollectives, OneWayTransfersTellABusFromPorts) {
+  // A bus of 1 GB/s (1e3 bytes/us), alpha 10 us per step, two ranks: a ring's
+  // two senders get 0.5 GB/s each. all_reduce n=2 (2 steps, factor 1 x 2
+  // senders): S=4096: 20 + 8.192 = 28.192 us; S=2^21: 20 + 4194.304 =
+  // 4214.304 us; S=2^22: 20 + 8388.608 = 8408.608 us. Fitted as ports the
+  // same samples say 0.5 GB/s per rank.
+  const std::vector<CollectiveSample> samples = {{{CollectiveType::kAllReduce, 2, 4096}, 28.192, 1},
+                                                 {{CollectiveType::kAllReduce, 2, 1 << 21}, 4214.304, 1},
+                                                 {{CollectiveType::kAllReduce, 2, 1 << 22}, 8408.608, 1}};
+  // A lone transfer of 2^21 bytes alone on the bus: 10 + 2097.152 us (a
+  // port would take 10 + 4194.304).
+  const std::vector<OneWaySample> bus_one_way = {{1 << 20, 10 + 1048.576, 1}, {1 << 21, 10 + 2097.152, 1}};
+  Result<CollectiveFit> bus = FitCollectives(samples, bus_one_way);
+  ASSERT_TRUE(bus.ok()) << bus.status().message();
+  EXPECT_EQ(bus->intra_link, "bus");
+  EXPECT_NEAR(bus->bandwidth_gbps, 1, 1e-6);
+  EXPECT_NEAR(bus->latency_us, 10, 1e-6);
+  EXPECT_NEAR(bus->ports_gbps, 0.5, 1e-6);
+  EXPECT_NEAR(bus->bus_gbps, 1, 1e-6);
+  EXPECT_NEAR(bus->bus_one_way_error, 0, 1e-6);
+  EXPECT_NEAR(bus->one_way_gbps, 2097152.0 / 2107.152 / 1e3, 1e-9);
+  EXPECT_EQ(bus->one_way_points, 2);
+  // One-way transfers no faster than a ring's rank: ports.
+  const std::vector<OneWaySample> ports_one_way = {{1 << 21, 10 + 4194.304, 1}};
+  Result<CollectiveFit> ports = FitCollectives(samples, ports_one_way);
+  ASSERT_TRUE(ports.ok());
+  EXPECT_EQ(ports->intra_link, "nvswitch");
+  EXPECT_NEAR(ports->bandwidth_gbps, 0.5, 1e-6);
+  // No one-way samples: ports, as before they were measured.
+  EXPECT_EQ(FitCollectives(samples)->intra_link, "nvswitch");
+  // The cpu-local cluster takes the medium.
+  EXPECT_EQ(MakeCpuLocalCluster(ComputeFit{}, *bus, 2, "cpu-local", 0).topology.intra_link, "bus");
+}
+
+TEST(ProfileOneWay, TimesRankZeroToOneOverFakeWorldAndRoundTrips) {
+  EXPECT_EQ(DefaultOneWaySizes(16 << 20), (std::vector<int64_t>{1 << 20, 4 << 20, 16 << 20}));
+  EXPECT_EQ(DefaultOneWaySizes(256 << 10), (std::vector<int64_t>{64 << 10, 256 << 10}));
+  EXPECT_TRUE(DefaultOneWaySizes(16 << 10).empty());
+  std::vector<OneWaySample> one_way;
+  Result<std::vector<CollectiveSample>> s =
+      ProfileCollectivesInProcess(3, {{CollectiveType::kAllReduce, 3, 4096}}, 2, &one_way, 1 << 20);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  ASSERT_EQ(one_way.size(), 3u);  // 64 KiB, 256 KiB, 1 MiB
+  for (const OneWaySample& x : one_way) {
+    EXPECT_GT(x.time_us, 0);
+    EXPECT_EQ(x.reps, 2);
+  }
+  const std::string path = ::testing::TempDir() + "/one_way_samples.json";
+  {
+    std::ofstream(path) << WriteCollectiveSamples(*s, 3, one_way);
+  }
+  std::vector<OneWaySample> back;
+  Result<std::vector<CollectiveSample>> read = ReadCollectiveSamples(path, &back);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  ASSERT_EQ(back.size(), 3u);
+  EXPECT_EQ(back[2].bytes, 1 << 20);
+  EXPECT_DOUBLE_EQ(back[2].time_us, one_way[2].time_us);
+  {
+    std::ofstream(path) << R"({"format": "concerto-collective-samples", "samples": [], "one_way": [{"bytes": -4, "time_us": 1}]})";
+  }
+  Result<std::vector<CollectiveSample>> bad = ReadCollectiveSamples(path, &back);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("one_way 0: field 'bytes'"), std::string::npos) << bad.status().message();
+}
+
 TEST(FitCompute, RecoversRateBandwidthAndLaunchOverhead) {
   // matmul: t = flops / 1e4 + 5 (1e4 flop/us = 0.01 TFLOP/s);
   // add: t = bytes / 1e3 + 2 (1e3 bytes/us = 1 GB/s; launch 2 us).

@@ -700,6 +700,7 @@ int CmdProfile(const ProfileFlags& pf) {
     for (const CollectiveSpec& s : ProgramCollectiveSpecs(*program))
       if (s.group_size <= ranks) specs.push_back(s);
   Result<std::vector<CollectiveSample>> samples = Status::Error("unreachable");
+  std::vector<OneWaySample> one_way;  // rank 0 -> 1 alone: ports or one medium
   Result<InterferenceMeasurement> interference = Status::Error("unreachable");
   InterferenceOptions interference_options;
   interference_options.comm_bytes = std::min<int64_t>(interference_options.comm_bytes, pf.max_bytes / 4 * 4);
@@ -707,7 +708,7 @@ int CmdProfile(const ProfileFlags& pf) {
   if (pf.in_process) {
     comm_backend = "in-process (FakeWorld threads: memory copies, no network)";
     Progress(fmt::format("timing {} collectives in process over {} threads", specs.size(), ranks));
-    samples = ProfileCollectivesInProcess(ranks, specs, pf.reps);
+    samples = ProfileCollectivesInProcess(ranks, specs, pf.reps, &one_way, pf.max_bytes);
     Progress("measuring interference (compute while an all_reduce is in flight) over threads");
     interference = MeasureInterferenceInProcess(ranks, interference_options);
   } else {
@@ -733,7 +734,7 @@ int CmdProfile(const ProfileFlags& pf) {
     Result<int> code = runner.Run(*argv);
     if (!code.ok()) return Fail(code.status());
     if (*code != 0) return Fail(Status::Error(fmt::format("collective profile: mpirun exited with code {}", *code)));
-    samples = ReadCollectiveSamples(out);
+    samples = ReadCollectiveSamples(out, &one_way);
     interference = ReadInterference(interference_out);
   }
   if (!samples.ok()) return Fail(samples.status());
@@ -741,7 +742,7 @@ int CmdProfile(const ProfileFlags& pf) {
   const double corun = interference->corun;  // the cluster's corun_slowdown unless --no-corun
   Result<ComputeFit> compute = FitCompute(kernels);
   if (!compute.ok()) return Fail(compute.status());
-  Result<CollectiveFit> comm = FitCollectives(*samples);
+  Result<CollectiveFit> comm = FitCollectives(*samples, one_way);
   if (!comm.ok()) return Fail(comm.status());
   const ClusterSpec cluster =
       MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference, pf.no_corun ? 0 : corun);
@@ -763,6 +764,13 @@ int CmdProfile(const ProfileFlags& pf) {
                         {"link_latency_us", comm->latency_us},
                         {"link_bandwidth_gbps", comm->bandwidth_gbps},
                         {"link_fit_max_rel_error", comm->max_rel_error},
+                        {"link_medium", comm->intra_link},
+                        {"link_ports_gbps", comm->ports_gbps},
+                        {"link_bus_gbps", comm->bus_gbps},
+                        {"one_way_gbps", comm->one_way_gbps},
+                        {"one_way_samples", comm->one_way_points},
+                        {"one_way_error_ports", comm->ports_one_way_error},
+                        {"one_way_error_bus", comm->bus_one_way_error},
                         {"interference", interference->interference},
                         {"interference_comm_bytes", interference->comm_bytes},
                         {"interference_kernels", nlohmann::json::array()},
@@ -784,13 +792,23 @@ int CmdProfile(const ProfileFlags& pf) {
       "{} kernels timed; {} collective samples ({})\n"
       "fitted: matmul {:.4f} TFLOP/s (R^2 {:.3f}), memory {:.2f} GB/s (R^2 {:.3f}), launch {:.2f} us, vector "
       "efficiency {:.4f}\n"
-      "fitted link: alpha {:.2f} us per step, {:.4f} GB/s (worst relative error {:.0f}%)\n"
+      "fitted link: alpha {:.2f} us per step, {:.4f} GB/s {} (worst relative error {:.0f}%)\n"
+      "{}"
       "interference: {:.3f} (compute at 1/(1+f) while an all_reduce of {} bytes is in flight)\n"
       "co-run slowdown: {:.3f} (kernels while every rank computes against rank 0 computing alone; {})\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
       kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
       compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
-      comm->latency_us, comm->bandwidth_gbps, 100 * comm->max_rel_error, interference->interference,
+      comm->latency_us, comm->bandwidth_gbps,
+      comm->intra_link == "bus" ? "through one medium every transfer of the node crosses (bus)" : "per rank (ports)",
+      100 * comm->max_rel_error,
+      comm->one_way_points == 0
+          ? std::string()
+          : fmt::format("one-way transfers: {:.4f} GB/s at the largest size; priced as ports off by {:.0f}%, as a "
+                        "bus by {:.0f}% (median)\n",
+                        comm->one_way_gbps, 100 * std::expm1(comm->ports_one_way_error),
+                        100 * std::expm1(comm->bus_one_way_error)),
+      interference->interference,
       interference->comm_bytes, corun,
       pf.no_corun ? "not in the cluster: --no-corun"
                   : "the cluster's corun_slowdown: compute slows by it while every other rank of the node computes",

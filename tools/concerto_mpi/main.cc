@@ -336,8 +336,13 @@ Status ProfileCommMode(MpiCommunicator& comm, const Flags& flags) {
   CONCERTO_RETURN_IF_ERROR(comm.CreateGroups(groups));
   Result<std::vector<CollectiveSample>> samples = ProfileCollectives(comm, specs, flags.profile_reps);
   if (!samples.ok()) return samples.status();
+  // One-way transfers: what the link is (ports or one medium; FitCollectives).
+  Result<std::vector<OneWaySample>> one_way =
+      ProfileOneWay(comm, DefaultOneWaySizes(flags.profile_max_bytes), flags.profile_reps);
+  if (!one_way.ok()) return one_way.status();
   if (comm.rank() == 0)
-    CONCERTO_RETURN_IF_ERROR(WriteTextFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size())));
+    CONCERTO_RETURN_IF_ERROR(
+        WriteTextFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size(), *one_way)));
   if (flags.profile_interference.empty()) return Status::Ok();
   // Compute slowed by an all_reduce in flight on a second thread of this
   // process, over MPI as in a run (the world group exists already).

@@ -53,7 +53,12 @@ struct LinkSpec {
 /// link's alpha-beta price assumes. Collectives in flight together divide a
 /// link fairly (max-min); compute interference grows with their number.
 struct TopologySpec {
-  /// "nvswitch" or "pcie": what the intra-node port is.
+  /// What the intra-node link is: "nvswitch" or "pcie" (a port per device,
+  /// each direction its own capacity of intra_node.bandwidth_gbps), or "bus"
+  /// (one medium per node that all of the node's transfers cross, both
+  /// directions, of capacity intra_node.bandwidth_gbps: a ring of k ranks on
+  /// it gives each B / k; the CPU testbed's shaped loopback, one queue for
+  /// every packet; docs/cost-model.md, "Shared links").
   std::string intra_link = "nvswitch";
   /// NICs per node (0: one per device), for reports and docs.
   int nics_per_node = 0;
@@ -73,6 +78,8 @@ struct TopologySpec {
   /// and older). An all-reduce within a node takes the faster of the ring and
   /// NVLS (docs/cost-model.md, "NVLS").
   double nvls_algbw_gbps = 0;
+
+  bool IsBus() const { return intra_link == "bus"; }
 
   bool operator==(const TopologySpec&) const = default;
 };

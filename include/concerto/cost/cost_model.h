@@ -159,4 +159,9 @@ CostReport SummarizeCosts(const Program& program, const CostModel& model);
 /// maps rank r to node r / devices_per_node); names both sizes when not.
 Status CheckMeshFitsCluster(const Mesh& mesh, const ClusterSpec& cluster);
 
+/// How many of a ring's `ranks` send at once (all of them; a broadcast's
+/// chain all but the last): on a bus (TopologySpec::intra_link "bus") each
+/// gets the medium's bandwidth divided by this.
+int RingSenders(CollectiveType type, int ranks);
+
 }  // namespace concerto

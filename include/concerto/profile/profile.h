@@ -67,6 +67,14 @@ struct CollectiveSample {
   int reps = 0;
 };
 
+/// A one-way transfer's measured time (rank 0 sends, rank 1 receives; the
+/// slower of the two, median over repetitions).
+struct OneWaySample {
+  int64_t bytes = 0;
+  double time_us = 0;
+  int reps = 0;
+};
+
 /// The default sweep: all_reduce, all_gather, reduce_scatter, broadcast and
 /// all_to_all on the whole world, 4 KiB to `max_bytes` by factors of 4.
 std::vector<CollectiveSpec> DefaultCollectiveSpecs(int world, int64_t max_bytes);
@@ -89,15 +97,30 @@ Result<std::vector<CollectiveSample>> ProfileCollectives(Communicator& comm,
                                                          int reps);
 
 /// ProfileCollectives over a FakeWorld of `ranks` threads (measures this
-/// process's memory copies, not a network).
+/// process's memory copies, not a network); with `one_way` also
+/// ProfileOneWay of DefaultOneWaySizes(`max_bytes`).
 Result<std::vector<CollectiveSample>> ProfileCollectivesInProcess(int ranks, const std::vector<CollectiveSpec>& specs,
-                                                                  int reps);
+                                                                  int reps,
+                                                                  std::vector<OneWaySample>* one_way = nullptr,
+                                                                  int64_t max_bytes = 0);
+
+/// Sizes of the one-way sweep: max_bytes / 16, / 4 and max_bytes (multiples
+/// of 4, at least 64 KiB: the bandwidth, not the latency).
+std::vector<int64_t> DefaultOneWaySizes(int64_t max_bytes);
+/// Times rank 0 sending each size to rank 1 (the others wait), after a
+/// barrier of the world; every rank returns the same samples. Needs a world
+/// of at least 2 ranks (1: no samples).
+Result<std::vector<OneWaySample>> ProfileOneWay(Communicator& comm, const std::vector<int64_t>& sizes, int reps);
 
 /// The samples as JSON ({"format": "concerto-collective-samples", "ranks",
 /// "samples": [{collective, group_size, bytes, time_us, reps}]}) and back;
 /// errors name the file, the sample index and the field.
-std::string WriteCollectiveSamples(const std::vector<CollectiveSample>& samples, int ranks);
-Result<std::vector<CollectiveSample>> ReadCollectiveSamples(const std::string& path);
+/// One-way samples, when there are any, go in an optional "one_way" list
+/// ([{bytes, time_us, reps}]); reading fills `one_way` when given.
+std::string WriteCollectiveSamples(const std::vector<CollectiveSample>& samples, int ranks,
+                                   const std::vector<OneWaySample>& one_way = {});
+Result<std::vector<CollectiveSample>> ReadCollectiveSamples(const std::string& path,
+                                                            std::vector<OneWaySample>* one_way = nullptr);
 
 /// y ~ slope x + intercept by least squares.
 struct LinearFit {
@@ -121,14 +144,31 @@ Result<LinearFit> FitLine(const std::vector<double>& x, const std::vector<double
 /// refined alternately. When that leaves no positive time per byte (noise:
 /// the large messages no slower than alpha predicts), alpha is 0 and the
 /// bandwidth comes from the large samples alone.
+///
+/// With one-way samples (ProfileOneWay) it also decides what the node's link
+/// is: per-device ports (each rank of a ring gets B whatever the others do)
+/// or one medium all of the node's traffic crosses (a bus of B: each of a
+/// ring's k senders gets B / k, a lone transfer all of it; the testbed's
+/// tbf-shaped loopback is one queue for both directions). Both are fitted
+/// on the collectives, and the one whose price of the one-way transfers is
+/// closer to their measured times (median |log(predicted / measured)|) wins.
+/// Without one-way samples: ports.
 struct CollectiveFit {
   double latency_us = 0;       // alpha per step
-  double bandwidth_gbps = 0;   // B, GB/s per rank
-  double max_rel_error = 0;    // worst |fit - measured| / measured over all samples
+  double bandwidth_gbps = 0;   // B, GB/s per rank (ports) or of the node's medium (bus)
+  double max_rel_error = 0;    // worst |fit - measured| / measured over all collective samples
   int points = 0;
+  std::string intra_link = "nvswitch";  // "nvswitch" (ports) or "bus": TopologySpec::intra_link
+  double ports_gbps = 0;                // B of the ports fit
+  double bus_gbps = 0;                  // B of the bus fit (0: not fitted)
+  double one_way_gbps = 0;              // bytes / time of the largest one-way sample (0: none)
+  double ports_one_way_error = 0;       // median |log(predicted / measured)| of the one-way samples
+  double bus_one_way_error = 0;
+  int one_way_points = 0;
 };
 /// Errors: no sample on two or more ranks, or a non-positive time per byte.
-Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& samples);
+Result<CollectiveFit> FitCollectives(const std::vector<CollectiveSample>& samples,
+                                     const std::vector<OneWaySample>& one_way = {});
 
 /// The fitted compute figures.
 struct ComputeFit {
