@@ -73,7 +73,8 @@ Result<KernelSample> TimeKernel(const Op& op, const Graph& graph, const GraphInd
     out_data.emplace_back(t->NumElements(), 0.0f);
     out.push_back({t, out_data.back().data()});
   }
-  const KernelContext ctx{&mesh, rank};
+  KernelScratch scratch;  // kept over the repetitions, as a run's stream keeps it
+  const KernelContext ctx{&mesh, rank, &scratch};
   CONCERTO_RETURN_IF_ERROR(RunKernel(op, in, out, ctx));  // warm-up
   std::vector<double> times;
   const auto start = Clock::now();

@@ -121,6 +121,7 @@ class RankExecutor {
     const RoleSchedule* schedule = sp_.schedule.ForRole(role_->name);
     if (!schedule) return Status::Error("role '" + role_->name + "' has no schedule");
     stream_ops_.assign(graph_->streams.size(), {});
+    scratch_.assign(graph_->streams.size(), KernelScratch{});
     for (const StreamOrder& order : schedule->streams) {
       auto it = std::find(graph_->streams.begin(), graph_->streams.end(), order.stream);
       assert(it != graph_->streams.end());
@@ -151,7 +152,7 @@ class RankExecutor {
       if (options_.before_op) options_.before_op(rank_, op_index, op);
       const double start = Micros();
       LedgerAllocate(op);
-      Status st = Execute(op);
+      Status st = Execute(op, s);
       const double end = Micros();
       LedgerRelease(op);
       if (options_.after_op) options_.after_op(rank_, op_index, op, st.ok());
@@ -259,12 +260,12 @@ class RankExecutor {
     return graph_->tensors[index_.tensor.at(name)];
   }
 
-  /// Runs one op of any kind.
-  Status Execute(const Op& op) {
+  /// Runs one op of any kind on stream `s`.
+  Status Execute(const Op& op, size_t s) {
     if (rank_ == options_.fail_rank && op.name == options_.fail_op)
       return Status::Error("injected failure");
     switch (op.kind) {
-      case OpKind::kCompute: return ExecCompute(op);
+      case OpKind::kCompute: return ExecCompute(op, s);
       case OpKind::kCopy: return ExecCopy(op);
       case OpKind::kCollective: return ExecCollective(op);
       case OpKind::kSend: return ExecSend(op);
@@ -273,12 +274,12 @@ class RankExecutor {
     return Status::Error("unknown op kind");
   }
 
-  /// A compute op through its kernel.
-  Status ExecCompute(const Op& op) {
+  /// A compute op through its kernel, with stream `s`'s scratch.
+  Status ExecCompute(const Op& op, size_t s) {
     std::vector<KernelArg> in, out;
     for (const std::string& t : op.inputs) in.push_back({&Meta(t), Buffer(t).data()});
     for (const std::string& t : op.outputs) out.push_back({&Meta(t), Buffer(t).data()});
-    return RunKernel(op, in, out, KernelContext{&mesh_, rank_});
+    return RunKernel(op, in, out, KernelContext{&mesh_, rank_, &scratch_[s]});
   }
 
   /// A copy op: output i = input i.
@@ -443,6 +444,7 @@ class RankExecutor {
   const Graph* graph_ = nullptr;
   GraphIndex index_;
   std::vector<std::vector<int>> stream_ops_;  // per graph stream: op indices in order
+  std::vector<KernelScratch> scratch_;         // per graph stream: kept over the steps
   std::vector<std::vector<float>> buffers_;   // per tensor index
   mutable std::mutex ledger_mu_;              // the allocation ledger (LedgerReset)
   std::vector<int> pending_;                  // per tensor: consumers not yet ended

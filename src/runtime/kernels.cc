@@ -8,7 +8,6 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <array>
 #include <cassert>
 #include <cmath>
 #include <cstring>
@@ -19,17 +18,13 @@ namespace concerto {
 
 namespace {
 
-/// The calling thread's scratch vector number `slot` (0-7), kept between
-/// kernels: a kernel that made its own buffer of tens of MB on every call
-/// paid the page faults of fresh pages each time wherever malloc maps large
-/// blocks anew (glibc above its mmap threshold), so the same kernel cost 24 ms
-/// when `concerto profile` timed it and 4 ms in a run under MPI, whose memory
-/// hooks keep freed memory (the [8192, 512] embedding gradient; docs/runtime.md,
-/// "Kernels"). Callers `assign` it: the capacity stays, nothing is mapped again.
-std::vector<double>& Scratch(int slot) {
-  thread_local std::array<std::vector<double>, 8> buffers;
-  assert(slot >= 0 && slot < static_cast<int>(buffers.size()) && "scratch slot out of range");
-  return buffers[static_cast<size_t>(slot)];
+/// Scratch vector number `slot` (0-7) of the context's KernelScratch, or of
+/// `local` (this call's own) when the context has none. Callers `assign` it:
+/// a vector kept between calls keeps its capacity, nothing is mapped again.
+std::vector<double>& Scratch(const KernelContext& ctx, KernelScratch& local, int slot) {
+  KernelScratch& s = ctx.scratch ? *ctx.scratch : local;
+  assert(slot >= 0 && slot < static_cast<int>(s.buffers.size()) && "scratch slot out of range");
+  return s.buffers[static_cast<size_t>(slot)];
 }
 
 /// Elements of `t`.
@@ -463,7 +458,8 @@ void EmbeddingGrad(const std::vector<KernelArg>& in, const std::vector<KernelArg
   const Tensor& dtable = *out[0].meta;
   const int64_t rows = dtable.shape[0], h = dtable.shape[1];
   const int64_t row0 = ShardOffset(dtable, 0, *ctx.mesh, ctx.rank);
-  std::vector<double>& acc = Scratch(0);
+  KernelScratch local;
+  std::vector<double>& acc = Scratch(ctx, local, 0);
   acc.assign(static_cast<size_t>(rows * h), 0.0);
   const int64_t n = Numel(in[1]);
   for (int64_t i = 0; i < n; ++i) {
@@ -875,21 +871,22 @@ void Col2ImAdd(const Window2d& g, const std::vector<double>& cols, int64_t n, do
   }
 }
 
-/// `t`'s elements widened to double, in scratch vector `slot`.
-const std::vector<double>& Widen(const float* t, int64_t n, int slot) {
-  std::vector<double>& v = Scratch(slot);
+/// `t`'s elements widened to double, in `v`.
+const std::vector<double>& Widen(const float* t, int64_t n, std::vector<double>& v) {
   v.assign(t, t + n);
   return v;
 }
 
 /// y[n, k, p, q] = sum_{c, i, j} x[n, c, p*stride - pad + i, q*stride - pad + j] w[k, c, i, j]
 /// (zero outside x): one double GEMM per image over its column matrix.
-void Conv2dForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+void Conv2dForward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out,
+                   const KernelContext& ctx) {
   const Window2d g = ConvWindow(op, *in[0].meta, *in[1].meta);
   const int64_t k_out = in[1].meta->shape[0], crs = g.c * g.r * g.s, pq = g.p * g.q;
-  const std::vector<double>& w = Widen(in[1].data, Numel(in[1]), 0);
-  std::vector<double>& cols = Scratch(1);
-  std::vector<double>& y = Scratch(2);
+  KernelScratch local;
+  const std::vector<double>& w = Widen(in[1].data, Numel(in[1]), Scratch(ctx, local, 0));
+  std::vector<double>& cols = Scratch(ctx, local, 1);
+  std::vector<double>& y = Scratch(ctx, local, 2);
   y.assign(static_cast<size_t>(k_out * pq), 0.0);
   for (int64_t n = 0; n < g.n; ++n) {
     Im2Col(g, in[0].data, n, cols);
@@ -906,20 +903,22 @@ void Conv2dForward(const Op& op, const std::vector<KernelArg>& in, const std::ve
 
 /// (dy, x, w) -> (dx, dw) by the same column matrices, in double:
 /// dw += dy_n cols_n^T and dcols_n = w^T dy_n, scattered back onto dx.
-void Conv2dBackward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out) {
+void Conv2dBackward(const Op& op, const std::vector<KernelArg>& in, const std::vector<KernelArg>& out,
+                    const KernelContext& ctx) {
   const Window2d g = ConvWindow(op, *in[1].meta, *in[2].meta);
   const int64_t k_out = in[2].meta->shape[0], crs = g.c * g.r * g.s, pq = g.p * g.q;
-  const std::vector<double>& w = Widen(in[2].data, Numel(in[2]), 0);
-  std::vector<double>& dx = Scratch(1);
-  std::vector<double>& dw = Scratch(2);
-  std::vector<double>& cols = Scratch(3);
-  std::vector<double>& dcols = Scratch(4);
+  KernelScratch local;
+  const std::vector<double>& w = Widen(in[2].data, Numel(in[2]), Scratch(ctx, local, 0));
+  std::vector<double>& dx = Scratch(ctx, local, 1);
+  std::vector<double>& dw = Scratch(ctx, local, 2);
+  std::vector<double>& cols = Scratch(ctx, local, 3);
+  std::vector<double>& dcols = Scratch(ctx, local, 4);
   dx.assign(static_cast<size_t>(Numel(out[0])), 0.0);
   dw.assign(static_cast<size_t>(Numel(out[1])), 0.0);
   dcols.assign(static_cast<size_t>(crs * pq), 0.0);
   if (crs > 0 && pq > 0 && k_out > 0)
     for (int64_t n = 0; n < g.n; ++n) {
-      const std::vector<double>& dy = Widen(in[0].data + n * k_out * pq, k_out * pq, 5);
+      const std::vector<double>& dy = Widen(in[0].data + n * k_out * pq, k_out * pq, Scratch(ctx, local, 5));
       Im2Col(g, in[1].data, n, cols);
       cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(k_out), static_cast<int>(crs),
                   static_cast<int>(pq), 1.0, dy.data(), static_cast<int>(pq), cols.data(), static_cast<int>(pq),
@@ -1226,8 +1225,8 @@ const std::vector<CpuKernel>& CpuKernels() {
       {T::kTranspose, 1, 1, CONCERTO_KERNEL(Transpose(op, in, out))},
       {T::kRelu, 1, 1, CONCERTO_KERNEL(Unary(in, out, [](double x) { return x > 0 ? x : 0.0; }))},
       {T::kReluGrad, 2, 1, CONCERTO_KERNEL(Binary(in, out, [](double dy, double x) { return x > 0 ? dy : 0.0; }))},
-      {T::kConv2d, 2, 1, CONCERTO_KERNEL(Conv2dForward(op, in, out))},
-      {T::kConv2dGrad, 3, 2, CONCERTO_KERNEL(Conv2dBackward(op, in, out))},
+      {T::kConv2d, 2, 1, CONCERTO_KERNEL(Conv2dForward(op, in, out, ctx))},
+      {T::kConv2dGrad, 3, 2, CONCERTO_KERNEL(Conv2dBackward(op, in, out, ctx))},
       {T::kMaxPool2d, 1, 1, CONCERTO_KERNEL(MaxPool2dForward(op, in, out))},
       {T::kMaxPool2dGrad, 2, 1, CONCERTO_KERNEL(MaxPool2dBackward(op, in, out))},
       {T::kBatchNorm, 3, 3, CONCERTO_KERNEL(BatchNormForward(op, in, out))},

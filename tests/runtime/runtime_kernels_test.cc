@@ -54,7 +54,8 @@ std::vector<float> Random(int64_t n, unsigned seed, float lo = -1, float hi = 1)
 
 /// Runs `op` on (ins, in_values) into fresh outputs; fails the test on error.
 Values Exec(const Op& op, const std::vector<Tensor>& ins, Values in_values,
-           const std::vector<Tensor>& outs, const Mesh& mesh = {}, int rank = 0) {
+           const std::vector<Tensor>& outs, const Mesh& mesh = {}, int rank = 0,
+           KernelScratch* scratch = nullptr) {
   std::vector<const Tensor*> in_meta, out_meta;
   for (const Tensor& t : ins) in_meta.push_back(&t);
   for (const Tensor& t : outs) out_meta.push_back(&t);
@@ -67,7 +68,7 @@ Values Exec(const Op& op, const std::vector<Tensor>& ins, Values in_values,
     out_values[i].assign(outs[i].NumElements(), NAN);
     out.push_back({&outs[i], out_values[i].data()});
   }
-  Status st = RunKernel(op, in, out, KernelContext{&mesh, rank});
+  Status st = RunKernel(op, in, out, KernelContext{&mesh, rank, scratch});
   EXPECT_TRUE(st.ok()) << st.message();
   return out_values;
 }
@@ -252,6 +253,32 @@ TEST(RuntimeKernels, EmbeddingOnAShardedTable) {
   Values g = Exec(MakeOp(ComputeType::kEmbeddingGrad, 2, 1), {dy, ids},
                  {{1, 1, 2, 2, 3, 3, 4, 4}, {0, 3, 3, 4}}, {dtable}, mesh, 1);
   EXPECT_EQ(g[0], (std::vector<float>{5, 5, 4, 4, 0, 0}));
+}
+
+TEST(RuntimeKernels, ScratchKeptBetweenCallsGivesTheSameResults) {
+  // embedding_grad's accumulator and conv2d_grad's buffers come from the
+  // caller's KernelScratch when it passes one: the same values as a call
+  // with its own buffers, and the buffer stays for the next call (stale
+  // contents from a larger earlier call change nothing).
+  Mesh mesh;
+  mesh.axes = {{"tp", 2}};
+  Tensor ids = T("in1", {2, 2}, DType::kI32, {{}, {}});
+  Tensor dy = T("in0", {2, 2, 2}), dtable = T("out0", {3, 2}, DType::kF32, {{"tp"}, {}});
+  const Op grad = MakeOp(ComputeType::kEmbeddingGrad, 2, 1);
+  KernelScratch scratch;
+  const Values first = {{1, 1, 2, 2, 3, 3, 4, 4}, {0, 3, 3, 4}}, second = {{7, 7, 1, 1, 1, 1, 2, 2}, {4, 4, 5, 0}};
+  EXPECT_EQ(Exec(grad, {dy, ids}, first, {dtable}, mesh, 1, &scratch), Exec(grad, {dy, ids}, first, {dtable}, mesh, 1));
+  EXPECT_GE(scratch.buffers[0].capacity(), 6u);
+  const double* kept = scratch.buffers[0].data();
+  EXPECT_EQ(Exec(grad, {dy, ids}, second, {dtable}, mesh, 1, &scratch)[0], (std::vector<float>{0, 0, 8, 8, 1, 1}));
+  EXPECT_EQ(scratch.buffers[0].data(), kept);  // not allocated again
+  Tensor x = T("in1", {1, 2, 4, 4}), w = T("in2", {3, 2, 3, 3}), y = T("in0", {1, 3, 4, 4});
+  const Op conv_grad = MakeOp(ComputeType::kConv2dGrad, 3, 2, {{"padding", 1}});
+  const Values in = {Random(48, 1), Random(32, 2), Random(54, 3)};
+  Values own = Exec(conv_grad, {y, x, w}, in, {x, w});
+  Exec(grad, {dy, ids}, first, {dtable}, mesh, 1, &scratch);  // another kernel used slot 0 in between
+  EXPECT_EQ(Exec(conv_grad, {y, x, w}, in, {x, w}, {}, 0, &scratch), own);
+  EXPECT_EQ(Exec(conv_grad, {y, x, w}, in, {x, w}, {}, 0, &scratch), own);
 }
 
 TEST(RuntimeKernels, VocabShardedLossPieces) {

@@ -7,6 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include <array>
+#include <vector>
+
 #include "concerto/ir/ir.h"
 #include "concerto/util/status.h"
 
@@ -19,12 +22,23 @@ struct KernelArg {
   float* data = nullptr;
 };
 
+/// Buffers kernels keep between calls (embedding_grad's accumulator, the
+/// conv kernels' column matrices): owned by whoever runs kernels one after
+/// another (an executor's stream, the profiler's timing loop), so a kernel's
+/// large buffer is mapped once, not on every call (docs/runtime.md,
+/// "Kernels": 24 ms against 4 ms for one embedding gradient).
+struct KernelScratch {
+  std::array<std::vector<double>, 8> buffers;
+};
+
 /// Where the kernel runs: the mesh and the global rank, for the ops whose
 /// semantics depend on the rank's shard (embedding, embedding_grad,
-/// gather_target, cross_entropy_grad).
+/// gather_target, cross_entropy_grad), and the scratch it may reuse (null:
+/// the kernel makes its own buffers for this call).
 struct KernelContext {
   const Mesh* mesh = nullptr;
   int rank = 0;
+  KernelScratch* scratch = nullptr;
 };
 
 /// A compute type's fp32 CPU kernel: reads `inputs`, overwrites every
