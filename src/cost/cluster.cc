@@ -334,6 +334,7 @@ class ClusterFileReader {
          }},
         {"interference", NumberField(&spec->interference)},
         {"corun_slowdown", NumberField(&spec->corun_slowdown)},
+        {"corun_slowdown_memory", NumberField(&spec->corun_slowdown_memory)},
         {"topology", [&](const FileNode& n, const std::string& f) { return Map(n, f, topology_fields); }},
     };
     CONCERTO_RETURN_IF_ERROR(Map(root, "", top_fields));
@@ -550,6 +551,10 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
   if (!std::isfinite(spec.corun_slowdown) || spec.corun_slowdown < 0 || spec.corun_slowdown > 10)
     return error("corun_slowdown",
                  "must be a slowdown fraction in [0, 10], got " + FormatNumber(spec.corun_slowdown));
+  if (spec.corun_slowdown_memory != -1 &&
+      (!std::isfinite(spec.corun_slowdown_memory) || spec.corun_slowdown_memory < 0 || spec.corun_slowdown_memory > 10))
+    return error("corun_slowdown_memory", "must be a slowdown fraction in [0, 10] (or absent: as corun_slowdown), got " +
+                                              FormatNumber(spec.corun_slowdown_memory));
   CONCERTO_RETURN_IF_ERROR(positive("device.gemm_ramp_k", d.gemm_ramp_k));
   if (d.sm_count < 0 || d.sm_count > 100000)
     return error("device.sm_count", "must be a whole number in [0, 100000] (0: size-blind GEMMs), got " +
@@ -594,6 +599,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
   j["collective_algorithm"] = spec.collective_algorithm;
   j["interference"] = spec.interference;
   j["corun_slowdown"] = spec.corun_slowdown;
+  if (spec.corun_slowdown_memory >= 0) j["corun_slowdown_memory"] = spec.corun_slowdown_memory;
   const TopologySpec& t = spec.topology;
   j["topology"] = {{"intra_link", t.intra_link},
                    {"nics_per_node", t.nics_per_node},

@@ -854,15 +854,20 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
       round[i].overlapped_us = medians[2 * nk + 2 * (r * nk + i) + 1] / n;
     }
     m.round_factors.push_back(InterferenceFactor(round));
-    std::vector<double> round_solo, round_alone;
+    // Co-running per kernel class: compute-bound (the matmul) and streaming
+    // (the add) suffer very differently from a rank beside them.
+    std::vector<double> solo_compute, alone_compute, solo_memory, alone_memory;
     for (size_t i = 0; i < nk; ++i) {
-      round_solo.push_back(medians[solo_at + nk + r * nk + i]);
-      round_alone.push_back(round[i].alone_us);
+      const bool memory = OpInfo(kernels[i].op.compute_type).kernel_class == KernelClass::kStreaming;
+      (memory ? solo_memory : solo_compute).push_back(medians[solo_at + nk + r * nk + i]);
+      (memory ? alone_memory : alone_compute).push_back(round[i].alone_us);
     }
-    m.corun_round_factors.push_back(CorunSlowdown(round_solo, round_alone));
+    m.corun_round_factors.push_back(CorunSlowdown(solo_compute, alone_compute));
+    m.corun_memory_round_factors.push_back(CorunSlowdown(solo_memory, alone_memory));
   }
   m.interference = MedianFactor(m.round_factors);
   m.corun = MedianFactor(m.corun_round_factors);
+  m.corun_memory = MedianFactor(m.corun_memory_round_factors);
   return m;
 }
 
@@ -898,6 +903,8 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
                       {"round_factors", m.round_factors},
                       {"corun", m.corun},
                       {"corun_round_factors", m.corun_round_factors},
+                      {"corun_memory", m.corun_memory},
+                      {"corun_memory_round_factors", m.corun_memory_round_factors},
                       {"kernels", nlohmann::json::array()}};
   for (const InterferenceKernel& k : m.kernels)
     j["kernels"].push_back({{"kernel", k.kernel},
@@ -943,6 +950,16 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
       return Status::Error(path + ": field 'corun' must be a number in [0, 10]");
     m.corun = j["corun"].get<double>();
   }
+  m.corun_memory = m.corun;  // files written before the fourteenth session: one factor for every kernel
+  if (j.contains("corun_memory")) {
+    if (!j["corun_memory"].is_number() || !(j["corun_memory"].get<double>() >= 0) ||
+        j["corun_memory"].get<double>() > 10)
+      return Status::Error(path + ": field 'corun_memory' must be a number in [0, 10]");
+    m.corun_memory = j["corun_memory"].get<double>();
+  }
+  if (j.contains("corun_memory_round_factors") && j["corun_memory_round_factors"].is_array())
+    for (const nlohmann::json& f : j["corun_memory_round_factors"])
+      if (f.is_number()) m.corun_memory_round_factors.push_back(f.get<double>());
   if (j.contains("corun_round_factors") && j["corun_round_factors"].is_array())
     for (const nlohmann::json& f : j["corun_round_factors"])
       if (f.is_number()) m.corun_round_factors.push_back(f.get<double>());
@@ -950,7 +967,8 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
 }
 
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
-                                const std::string& device_name, double interference, double corun_slowdown) {
+                                const std::string& device_name, double interference, double corun_slowdown,
+                                double corun_slowdown_memory) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
@@ -971,6 +989,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.collective_algorithm = "ring";
   c.interference = std::clamp(interference, 0.0, 10.0);
   c.corun_slowdown = std::clamp(corun_slowdown, 0.0, 10.0);
+  c.corun_slowdown_memory = corun_slowdown_memory < 0 ? -1 : std::clamp(corun_slowdown_memory, 0.0, 10.0);
   return c;
 }
 

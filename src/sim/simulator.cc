@@ -1,4 +1,5 @@
 #include "concerto/sim/simulator.h"
+#include "concerto/ir/op_registry.h"
 
 #include <algorithm>
 #include <cassert>
@@ -118,6 +119,7 @@ class Simulator {
     interference_ = EffectiveInterference(options.interference, cost.cluster());
     growth_ = cost.cluster().topology.interference_growth;
     corun_ = cost.cluster().corun_slowdown;
+    corun_memory_ = cost.cluster().CorunSlowdownMemory();
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
     ranks_ = ChooseRanks(p_, indexes_, cost_, options.all_ranks, &rep);
@@ -212,7 +214,7 @@ class Simulator {
       running_compute_.push_back({});
       comm_inflight_.push_back(0);
     }
-    if (corun_ > 0) SetupCorun();
+    if (corun_ > 0 || corun_memory_ > 0) SetupCorun();
     return Status::Ok();
   }
 
@@ -482,24 +484,30 @@ class Simulator {
     return 1.0 / (1.0 + interference_ * (1.0 + growth_ * (n - 1)));
   }
 
-  /// Compute speed of simulated rank `sr` while it computes: interference
-  /// from its collectives in flight, and the co-run slowdown s x (share of
-  /// its node's other devices computing now) (ClusterSpec::corun_slowdown).
-  double RankRate(int sr) const {
+  /// Compute speed of op `gid` on simulated rank `sr`: interference from the
+  /// rank's collectives in flight, and the co-run slowdown s x (share of its
+  /// node's other devices computing now), s of the op's kernel class
+  /// (ClusterSpec::corun_slowdown; streaming kernels and copies
+  /// corun_slowdown_memory).
+  double RankRate(int sr, int gid) const {
     double rate = ComputeRate(comm_inflight_[sr]);
-    if (corun_ > 0 && node_others_[sr] > 0) {
+    const Op& op = OpOf(gid);
+    const bool memory = op.kind == OpKind::kCopy || (op.kind == OpKind::kCompute &&
+                                                      OpInfo(op.compute_type).kernel_class == KernelClass::kStreaming);
+    const double s = memory ? corun_memory_ : corun_;
+    if (s > 0 && node_others_[sr] > 0) {
       int computing = 0;
-      for (const auto& [s, n] : mates_[sr])
-        if (s == sr || !running_compute_[s].empty()) computing += n;
-      rate /= 1.0 + corun_ * computing / node_others_[sr];
+      for (const auto& [m, n] : mates_[sr])
+        if (m == sr || !running_compute_[m].empty()) computing += n;
+      rate /= 1.0 + s * computing / node_others_[sr];
     }
     return rate;
   }
 
   /// Re-times `sr`'s running compute ops whose speed RankRate changed.
   void Retime(int sr) {
-    const double new_rate = RankRate(sr);
     for (int gid : running_compute_[sr]) {
+      const double new_rate = RankRate(sr, gid);
       if (rate_[gid] == new_rate) continue;
       remaining_[gid] -= (now_ - last_update_[gid]) * rate_[gid];
       remaining_[gid] = std::max(0.0, remaining_[gid]);
@@ -513,7 +521,7 @@ class Simulator {
   /// Co-running: `sr` started or stopped computing; its node-mates' compute
   /// speeds change.
   void ComputingChange(int sr) {
-    if (corun_ <= 0) return;
+    if (corun_ <= 0 && corun_memory_ <= 0) return;
     for (int w : watchers_[sr]) Retime(w);
   }
 
@@ -522,7 +530,7 @@ class Simulator {
     stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]] = gid;
     remaining_[gid] = duration_[gid];
     running_compute_[sr].push_back(gid);
-    rate_[gid] = RankRate(sr);
+    rate_[gid] = RankRate(sr, gid);
     last_update_[gid] = now_;
     Push(gid, now_ + remaining_[gid] / rate_[gid]);
     if (running_compute_[sr].size() == 1) ComputingChange(sr);
@@ -659,6 +667,7 @@ class Simulator {
   std::vector<std::vector<int>> running_compute_;
   std::vector<int> comm_inflight_;
   double corun_ = 0;                                   // ClusterSpec::corun_slowdown
+  double corun_memory_ = 0;                            // ClusterSpec::CorunSlowdownMemory()
   std::vector<std::vector<std::pair<int, int>>> mates_;  // per simulated rank: (simulated rank, devices it stands for)
   std::vector<int> node_others_;                       // per simulated rank: other devices on its node
   std::vector<std::vector<int>> watchers_;             // per simulated rank: ranks whose mates_ hold it

@@ -241,6 +241,15 @@ TEST(CostClusterTest, ValidateNamesField) {
   Result<ClusterSpec> back = ParseCluster(ClusterToJson(c), "c.json", /*json=*/true);
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->corun_slowdown, 0.25);
+  // Streaming kernels' co-run slowdown: as corun_slowdown unless given.
+  EXPECT_EQ(back->corun_slowdown_memory, -1);
+  EXPECT_EQ(back->CorunSlowdownMemory(), 0.25);
+  c.corun_slowdown_memory = 0.6;
+  ASSERT_TRUE(ValidateCluster(c, "my.yaml").ok());
+  EXPECT_EQ(ParseCluster(ClusterToJson(c), "c.json", true)->CorunSlowdownMemory(), 0.6);
+  c.corun_slowdown_memory = 11;
+  EXPECT_NE(ValidateCluster(c, "my.yaml").message().find("field 'corun_slowdown_memory': must be a slowdown fraction"),
+            std::string::npos);
 }
 
 TEST(CostClusterTest, MeshMustFitCluster) {

@@ -100,7 +100,17 @@ struct ClusterSpec {
   /// computes too, in proportion to the share of them computing: processes
   /// sharing cores and memory bandwidth (the CPU testbed; `concerto profile`
   /// measures it). 0 for GPUs, whose kernels share nothing across devices.
+  /// Applies to compute-bound kernels (matmuls, attention, the vector
+  /// kernels: KernelClass kTensorCore and kVector).
   double corun_slowdown = 0;
+  /// The same for memory-bound (streaming) kernels, which share the memory
+  /// bus: on the testbed an add ran 30-65% slower beside the other rank's
+  /// where a matmul ran 1-2% slower. -1 (a file without the field): as
+  /// corun_slowdown.
+  double corun_slowdown_memory = -1;
+  /// The co-run slowdown of streaming kernels (corun_slowdown_memory, or
+  /// corun_slowdown when that is -1).
+  double CorunSlowdownMemory() const { return corun_slowdown_memory >= 0 ? corun_slowdown_memory : corun_slowdown; }
   TopologySpec topology;
 
   int NumDevices() const { return nodes * devices_per_node; }

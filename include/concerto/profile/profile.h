@@ -221,8 +221,11 @@ struct InterferenceMeasurement {
   int collectives = 0;        // all_reduces issued during the overlapped phases
   std::vector<double> round_factors;  // InterferenceFactor of each round's medians
   double interference = 0;    // MedianFactor(round_factors)
-  std::vector<double> corun_round_factors;  // CorunSlowdown of each round's solo and alone medians
-  double corun = 0;           // MedianFactor(corun_round_factors): the co-run slowdown
+  std::vector<double> corun_round_factors;  // CorunSlowdown of each round's solo and alone medians,
+                                            // compute-bound kernels (the matmul)
+  double corun = 0;           // MedianFactor(corun_round_factors): the co-run slowdown of compute-bound kernels
+  std::vector<double> corun_memory_round_factors;  // the same for streaming kernels (the add)
+  double corun_memory = 0;    // their median: the co-run slowdown of streaming kernels
 };
 
 /// f = (sum of the kernels' overlapped times) / (sum of their alone times)
@@ -236,7 +239,9 @@ double MedianFactor(const std::vector<double>& factors);
 /// Every rank of the world calls this together, `rounds` times three phases.
 /// Solo: after a world barrier rank 0 times each kernel while the others
 /// wait in the next barrier (solo_us; per round CorunSlowdown of the solo
-/// and alone medians goes to corun_round_factors, their median to corun).
+/// and alone medians of the compute-bound kernels goes to
+/// corun_round_factors, their median to corun; of the streaming kernels to
+/// corun_memory_round_factors and corun_memory).
 /// Alone: after a world barrier every rank times each kernel. Overlapped:
 /// a second thread issues all_reduces of comm_bytes on the world back to
 /// back while this thread times the kernels, keeping a run only when the
@@ -269,10 +274,12 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path);
 
 /// The `cpu-local` cluster: one node of `ranks` devices (one per process)
 /// with the fitted device and the fitted link on both intra and inter
-/// links; ring collectives; `interference` and `corun_slowdown` as measured
-/// (MeasureInterference's interference and corun; 0 when not measured).
+/// links; ring collectives; `interference`, `corun_slowdown` and
+/// `corun_slowdown_memory` as measured (MeasureInterference's interference,
+/// corun and corun_memory; 0 when not measured; memory -1: as corun_slowdown).
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
-                                const std::string& device_name, double interference = 0, double corun_slowdown = 0);
+                                const std::string& device_name, double interference = 0, double corun_slowdown = 0,
+                                double corun_slowdown_memory = -1);
 
 /// A profile database for `device`: every kernel sample, and for every
 /// collective op of `program` (if any) whose (type, group size, bytes) was
