@@ -5,6 +5,7 @@
 #include "concerto/runtime/executor.h"
 
 #include <algorithm>
+#include <array>
 #include <cassert>
 #include <chrono>
 #include <condition_variable>
@@ -122,6 +123,7 @@ class RankExecutor {
     if (!schedule) return Status::Error("role '" + role_->name + "' has no schedule");
     stream_ops_.assign(graph_->streams.size(), {});
     scratch_.assign(graph_->streams.size(), KernelScratch{});
+    staging_.assign(graph_->ops.size(), {});
     for (const StreamOrder& order : schedule->streams) {
       auto it = std::find(graph_->streams.begin(), graph_->streams.end(), order.stream);
       assert(it != graph_->streams.end());
@@ -289,13 +291,28 @@ class RankExecutor {
   }
 
   /// The inputs of `op` concatenated (flattened) into one buffer.
-  std::vector<float> PackInputs(const Op& op) {
-    std::vector<float> buf;
+  std::vector<float>& PackInputs(const Op& op) {
+    size_t total = 0;
+    for (const std::string& t : op.inputs) total += Buffer(t).size();
+    std::vector<float>& buf = Staging(op, 0, total);
+    size_t offset = 0;
     for (const std::string& t : op.inputs) {
       const std::vector<float>& b = Buffer(t);
-      buf.insert(buf.end(), b.begin(), b.end());
+      std::memcpy(buf.data() + offset, b.data(), sizeof(float) * b.size());
+      offset += b.size();
     }
     return buf;
+  }
+  /// Staging buffer `slot` (0: what the op sends, 1: what it receives) of
+  /// communication op `op`, resized to `n` floats and kept over the steps, as
+  /// DDP's and Megatron's gradient buckets are: a fused bucket of 67 MB packed
+  /// into a fresh vector on every step paid its reallocations and page faults
+  /// inside the collective's span (1209 ms where the link's rate gives 1078;
+  /// docs/runtime.md, "Executor"). Only the op's own stream thread touches them.
+  std::vector<float>& Staging(const Op& op, int slot, size_t n) {
+    std::vector<float>& b = staging_[static_cast<size_t>(index_.op.at(op.id))][static_cast<size_t>(slot)];
+    b.resize(n);
+    return b;
   }
   /// Splits `buf` into the outputs of `op` in order.
   void UnpackOutputs(const Op& op, const std::vector<float>& buf) {
@@ -330,11 +347,12 @@ class RankExecutor {
       return reduce ? comm_.AllReduce(group, op.reduce, in.data(), out, n)
                     : comm_.Broadcast(group, in.data(), out, n);
     }
-    std::vector<float> buf = PackInputs(op);
-    const int64_t n = static_cast<int64_t>(buf.size());
-    CONCERTO_RETURN_IF_ERROR(reduce ? comm_.AllReduce(group, op.reduce, buf.data(), buf.data(), n)
-                                    : comm_.Broadcast(group, buf.data(), buf.data(), n));
-    UnpackOutputs(op, buf);
+    const std::vector<float>& send = PackInputs(op);
+    const int64_t n = static_cast<int64_t>(send.size());
+    std::vector<float>& recv = Staging(op, 1, send.size());  // apart: an in-place call would copy
+    CONCERTO_RETURN_IF_ERROR(reduce ? comm_.AllReduce(group, op.reduce, send.data(), recv.data(), n)
+                                    : comm_.Broadcast(group, send.data(), recv.data(), n));
+    UnpackOutputs(op, recv);
     return Status::Ok();
   }
 
@@ -342,9 +360,9 @@ class RankExecutor {
   /// output assembled from the members' blocks along its gathered dim.
   Status AllGather(const Op& op, const std::vector<int>& group) {
     const int64_t n = static_cast<int64_t>(group.size());
-    std::vector<float> send = PackInputs(op);
+    const std::vector<float>& send = PackInputs(op);
     const int64_t block = static_cast<int64_t>(send.size());
-    std::vector<float> recv(block * n);
+    std::vector<float>& recv = Staging(op, 1, static_cast<size_t>(block * n));
     CONCERTO_RETURN_IF_ERROR(comm_.AllGather(group, send.data(), recv.data(), block));
     int64_t offset = 0;
     for (size_t p = 0; p < op.inputs.size(); ++p) {
@@ -366,7 +384,8 @@ class RankExecutor {
     const int64_t n = static_cast<int64_t>(group.size());
     int64_t block = 0;
     for (const std::string& t : op.outputs) block += Meta(t).NumElements();
-    std::vector<float> send(block * n), recv(block);
+    std::vector<float>& send = Staging(op, 0, static_cast<size_t>(block * n));
+    std::vector<float>& recv = Staging(op, 1, static_cast<size_t>(block));
     int64_t offset = 0;
     for (size_t p = 0; p < op.inputs.size(); ++p) {
       const SplitDims s = BlockDims(Meta(op.outputs[p]), Meta(op.inputs[p]));
@@ -389,7 +408,8 @@ class RankExecutor {
     const int64_t n = static_cast<int64_t>(group.size());
     int64_t chunk = 0;  // per member, all pairs
     for (const std::string& t : op.inputs) chunk += Meta(t).NumElements() / n;
-    std::vector<float> send(chunk * n), recv(chunk * n);
+    std::vector<float>& send = Staging(op, 0, static_cast<size_t>(chunk * n));
+    std::vector<float>& recv = Staging(op, 1, static_cast<size_t>(chunk * n));
     int64_t offset = 0;
     for (const std::string& t : op.inputs) {
       const int64_t c = Meta(t).NumElements() / n;
@@ -417,7 +437,7 @@ class RankExecutor {
       const std::vector<float>& b = Buffer(op.inputs[0]);
       return comm_.Send(b.data(), static_cast<int64_t>(b.size()), peer, op.tag);
     }
-    std::vector<float> buf = PackInputs(op);
+    const std::vector<float>& buf = PackInputs(op);
     return comm_.Send(buf.data(), static_cast<int64_t>(buf.size()), peer, op.tag);
   }
 
@@ -428,7 +448,7 @@ class RankExecutor {
     for (const std::string& t : op.outputs) total += Meta(t).NumElements();
     if (op.outputs.size() == 1)
       return comm_.Recv(Buffer(op.outputs[0]).data(), total, peer, op.tag);
-    std::vector<float> buf(total);
+    std::vector<float>& buf = Staging(op, 1, static_cast<size_t>(total));
     CONCERTO_RETURN_IF_ERROR(comm_.Recv(buf.data(), total, peer, op.tag));
     UnpackOutputs(op, buf);
     return Status::Ok();
@@ -445,6 +465,7 @@ class RankExecutor {
   GraphIndex index_;
   std::vector<std::vector<int>> stream_ops_;  // per graph stream: op indices in order
   std::vector<KernelScratch> scratch_;         // per graph stream: kept over the steps
+  std::vector<std::array<std::vector<float>, 2>> staging_;  // per op: send and receive staging (Staging)
   std::vector<std::vector<float>> buffers_;   // per tensor index
   mutable std::mutex ledger_mu_;              // the allocation ledger (LedgerReset)
   std::vector<int> pending_;                  // per tensor: consumers not yet ended
