@@ -2,7 +2,12 @@
 """The testbed's summary (scripts/testbed.sh): per workload and scheduler the
 measured median (min-max) beside the simulated time and the error, the cells
 within 10%, and the ranking check (pairs whose measured ranges do not overlap,
-in the measured order?). Also writes OUT/testbed.json.
+in the measured order?), and per cell the compute ratio: the measured
+compute-stream busy time over the simulated one (report rank). A ratio far
+from 1 says the kernels themselves ran slower or faster than the profile and
+the co-run model predicted (the machine's speed moved between the profile and
+the run, or the co-run slowdown was mispredicted), apart from what the
+schedule model gets wrong. Also writes OUT/testbed.json.
 
 usage: testbed_summary.py OUT TAG=PLAN [TAG=PLAN ...]
 """
@@ -40,8 +45,11 @@ def main():
             lo = field(os.path.join(d, s + ".measured.json"), "min_iteration_us") / 1e3
             hi = field(os.path.join(d, s + ".measured.json"), "max_iteration_us") / 1e3
             sim = field(os.path.join(d, s + ".simulated.json"), "makespan_us") / 1e3
+            busy_measured = field(os.path.join(d, s + ".measured.json"), "compute_busy_us")
+            busy_simulated = field(os.path.join(d, s + ".simulated.json"), "compute_busy_us")
             cells.append({"workload": plan, "scheduler": s, "measured_median_ms": med, "measured_min_ms": lo,
-                          "measured_max_ms": hi, "simulated_ms": sim, "error": sim / med - 1})
+                          "measured_max_ms": hi, "simulated_ms": sim, "error": sim / med - 1,
+                          "compute_ratio": busy_measured / busy_simulated if busy_simulated > 0 else 0.0})
         pairs, ordered, wrong = 0, 0, []
         for a, b in itertools.combinations(cells, 2):
             if a["measured_max_ms"] < b["measured_min_ms"] or b["measured_max_ms"] < a["measured_min_ms"]:
@@ -55,11 +63,12 @@ def main():
         workloads.append({"workload": plan, "cells": len(cells), "cells_within_10pct": within,
                           "separable_pairs": pairs, "pairs_in_measured_order": ordered, "pairs_wrong": wrong})
         rows += cells
-    print("| workload | scheduler | measured ms (min-max) | simulated ms | error |")
-    print("|---|---|---:|---:|---:|")
+    print("| workload | scheduler | measured ms (min-max) | simulated ms | error | compute ratio |")
+    print("|---|---|---:|---:|---:|---:|")
     for c in rows:
-        print("| %s | %s | %.1f (%.1f-%.1f) | %.1f | %+.1f%% |" % (c["workload"], c["scheduler"], c["measured_median_ms"],
-              c["measured_min_ms"], c["measured_max_ms"], c["simulated_ms"], 100 * c["error"]))
+        print("| %s | %s | %.1f (%.1f-%.1f) | %.1f | %+.1f%% | %.2f |" % (
+              c["workload"], c["scheduler"], c["measured_median_ms"], c["measured_min_ms"], c["measured_max_ms"],
+              c["simulated_ms"], 100 * c["error"], c["compute_ratio"]))
     print()
     for w in workloads:
         print("- %s: %d of %d cells within 10%%; ranking: %d of %d separable pairs in the measured order%s" % (
@@ -67,8 +76,13 @@ def main():
             " (wrong or tied: %s)" % ", ".join(w["pairs_wrong"]) if w["pairs_wrong"] else ""))
     total = sum(w["cells_within_10pct"] for w in workloads)
     print("- all: %d of %d cells within 10%%" % (total, len(rows)))
+    steady = [c for c in rows if abs(c["compute_ratio"] - 1) <= 0.10]
+    print("- kernels as predicted (compute ratio within 10%%): %d of %d cells, %d of them within 10%% end to end" % (
+        len(steady), len(rows), sum(abs(c["error"]) <= 0.10 for c in steady)))
     with open(os.path.join(out, "testbed.json"), "w") as f:
-        json.dump({"cells": rows, "workloads": workloads, "cells_within_10pct": total, "cell_count": len(rows)},
+        json.dump({"cells": rows, "workloads": workloads, "cells_within_10pct": total, "cell_count": len(rows),
+                   "cells_kernels_as_predicted": len(steady),
+                   "cells_kernels_as_predicted_within_10pct": sum(abs(c["error"]) <= 0.10 for c in steady)},
                   f, indent=1)
 
 
