@@ -335,6 +335,7 @@ class ClusterFileReader {
         {"interference", NumberField(&spec->interference)},
         {"corun_slowdown", NumberField(&spec->corun_slowdown)},
         {"corun_slowdown_memory", NumberField(&spec->corun_slowdown_memory)},
+        {"comm_corun_slowdown", NumberField(&spec->comm_corun_slowdown)},
         {"topology", [&](const FileNode& n, const std::string& f) { return Map(n, f, topology_fields); }},
     };
     CONCERTO_RETURN_IF_ERROR(Map(root, "", top_fields));
@@ -551,6 +552,9 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
   if (!std::isfinite(spec.corun_slowdown) || spec.corun_slowdown < 0 || spec.corun_slowdown > 10)
     return error("corun_slowdown",
                  "must be a slowdown fraction in [0, 10], got " + FormatNumber(spec.corun_slowdown));
+  if (!std::isfinite(spec.comm_corun_slowdown) || spec.comm_corun_slowdown < 0 || spec.comm_corun_slowdown > 10)
+    return error("comm_corun_slowdown",
+                 "must be a slowdown fraction in [0, 10], got " + FormatNumber(spec.comm_corun_slowdown));
   if (spec.corun_slowdown_memory != -1 &&
       (!std::isfinite(spec.corun_slowdown_memory) || spec.corun_slowdown_memory < 0 || spec.corun_slowdown_memory > 10))
     return error("corun_slowdown_memory", "must be a slowdown fraction in [0, 10] (or absent: as corun_slowdown), got " +
@@ -600,6 +604,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
   j["interference"] = spec.interference;
   j["corun_slowdown"] = spec.corun_slowdown;
   if (spec.corun_slowdown_memory >= 0) j["corun_slowdown_memory"] = spec.corun_slowdown_memory;
+  j["comm_corun_slowdown"] = spec.comm_corun_slowdown;
   const TopologySpec& t = spec.topology;
   j["topology"] = {{"intra_link", t.intra_link},
                    {"nics_per_node", t.nics_per_node},

@@ -731,6 +731,7 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   std::vector<float> send(count, 0.0f), recv(count);
   int collectives = 0;
   std::vector<float> round_medians;  // per round, per kernel: alone, overlapped
+  std::vector<float> comm_round_medians;  // per round: the all_reduce alone, then while every rank computes
   bool missing = false;              // a round without an overlapped run of some kernel
   if (o.rounds < 1) return Status::Error("interference: rounds must be at least 1");
   auto time_kernels = [&](std::vector<std::vector<double>>& into) -> Status {
@@ -763,6 +764,14 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     std::vector<size_t> alone_had(kernels.size());
     for (size_t i = 0; i < kernels.size(); ++i) alone_had[i] = alone[i].size();
     CONCERTO_RETURN_IF_ERROR(time_kernels(alone));
+    // The all_reduce alone, nothing computing (the reference of the
+    // communication's co-run slowdown).
+    CONCERTO_RETURN_IF_ERROR(barrier());
+    {
+      const auto t0 = Clock::now();
+      CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, send.data(), recv.data(), count));
+      comm_round_medians.push_back(static_cast<float>(SecondsSince(t0) * 1e6));
+    }
     // Overlapped: a second thread keeps an all_reduce in flight.
     CONCERTO_RETURN_IF_ERROR(barrier());
     std::atomic<bool> enough{false}, in_flight{false}, finished{false};
@@ -770,11 +779,14 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     int issued = 0;
     std::vector<size_t> had(kernels.size());
     for (size_t i = 0; i < kernels.size(); ++i) had[i] = overlapped[i].size();
+    std::vector<double> comm_times;  // the all_reduces while this rank computes
     std::thread comm_thread([&] {
       in_flight = true;
       for (;;) {
         send[0] = enough ? 1.0f : 0.0f;
+        const auto t0 = Clock::now();
         Status st = comm.AllReduce(world, ReduceOp::kSum, send.data(), recv.data(), count);
+        comm_times.push_back(SecondsSince(t0) * 1e6);
         ++issued;
         if (!st.ok()) {
           comm_status = st;
@@ -805,6 +817,7 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     comm_thread.join();
     CONCERTO_RETURN_IF_ERROR(comm_status);
     collectives += issued;
+    comm_round_medians.push_back(static_cast<float>(Median(comm_times)));
     for (size_t i = 0; i < kernels.size(); ++i) {
       round_medians.push_back(static_cast<float>(
           Median(std::vector<double>(alone[i].begin() + static_cast<int64_t>(alone_had[i]), alone[i].end()))));
@@ -831,6 +844,8 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   for (size_t i = 0; i < kernels.size(); ++i)
     medians.push_back(comm.rank() == 0 && !solo[i].empty() ? static_cast<float>(Median(solo[i])) : 0.0f);
   medians.insert(medians.end(), solo_round_medians.begin(), solo_round_medians.end());
+  const size_t comm_at = medians.size();
+  medians.insert(medians.end(), comm_round_medians.begin(), comm_round_medians.end());
   medians.push_back(missing ? 1.0f : 0.0f);
   CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, medians.data(), medians.data(),
                                           static_cast<int64_t>(medians.size())));
@@ -864,10 +879,14 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     }
     m.corun_round_factors.push_back(CorunSlowdown(solo_compute, alone_compute));
     m.corun_memory_round_factors.push_back(CorunSlowdown(solo_memory, alone_memory));
+    m.comm_alone_us.push_back(medians[comm_at + 2 * r] / n);
+    m.comm_computing_us.push_back(medians[comm_at + 2 * r + 1] / n);
+    m.comm_corun_round_factors.push_back(CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back()}));
   }
   m.interference = MedianFactor(m.round_factors);
   m.corun = MedianFactor(m.corun_round_factors);
   m.corun_memory = MedianFactor(m.corun_memory_round_factors);
+  m.comm_corun = MedianFactor(m.comm_corun_round_factors);
   return m;
 }
 
@@ -905,6 +924,10 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
                       {"corun_round_factors", m.corun_round_factors},
                       {"corun_memory", m.corun_memory},
                       {"corun_memory_round_factors", m.corun_memory_round_factors},
+                      {"comm_corun", m.comm_corun},
+                      {"comm_corun_round_factors", m.comm_corun_round_factors},
+                      {"comm_alone_us", m.comm_alone_us},
+                      {"comm_computing_us", m.comm_computing_us},
                       {"kernels", nlohmann::json::array()}};
   for (const InterferenceKernel& k : m.kernels)
     j["kernels"].push_back({{"kernel", k.kernel},
@@ -957,6 +980,14 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
       return Status::Error(path + ": field 'corun_memory' must be a number in [0, 10]");
     m.corun_memory = j["corun_memory"].get<double>();
   }
+  if (j.contains("comm_corun")) {  // absent before the fourteenth session: 0
+    if (!j["comm_corun"].is_number() || !(j["comm_corun"].get<double>() >= 0) || j["comm_corun"].get<double>() > 10)
+      return Status::Error(path + ": field 'comm_corun' must be a number in [0, 10]");
+    m.comm_corun = j["comm_corun"].get<double>();
+  }
+  if (j.contains("comm_corun_round_factors") && j["comm_corun_round_factors"].is_array())
+    for (const nlohmann::json& f : j["comm_corun_round_factors"])
+      if (f.is_number()) m.comm_corun_round_factors.push_back(f.get<double>());
   if (j.contains("corun_memory_round_factors") && j["corun_memory_round_factors"].is_array())
     for (const nlohmann::json& f : j["corun_memory_round_factors"])
       if (f.is_number()) m.corun_memory_round_factors.push_back(f.get<double>());
@@ -968,7 +999,7 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
 
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
                                 const std::string& device_name, double interference, double corun_slowdown,
-                                double corun_slowdown_memory) {
+                                double corun_slowdown_memory, double comm_corun_slowdown) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
@@ -990,6 +1021,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.interference = std::clamp(interference, 0.0, 10.0);
   c.corun_slowdown = std::clamp(corun_slowdown, 0.0, 10.0);
   c.corun_slowdown_memory = corun_slowdown_memory < 0 ? -1 : std::clamp(corun_slowdown_memory, 0.0, 10.0);
+  c.comm_corun_slowdown = std::clamp(comm_corun_slowdown, 0.0, 10.0);
   return c;
 }
 

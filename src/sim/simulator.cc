@@ -120,6 +120,7 @@ class Simulator {
     growth_ = cost.cluster().topology.interference_growth;
     corun_ = cost.cluster().corun_slowdown;
     corun_memory_ = cost.cluster().CorunSlowdownMemory();
+    comm_corun_ = cost.cluster().comm_corun_slowdown;
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
     ranks_ = ChooseRanks(p_, indexes_, cost_, options.all_ranks, &rep);
@@ -441,21 +442,25 @@ class Simulator {
   void ShareLinks() {
     std::vector<double> rate(active_flows_.size(), 0);
     std::vector<char> frozen(active_flows_.size(), 0);
+    std::vector<double> cap(active_flows_.size(), 1);  // the transfer's own top speed (FlowCap)
+    for (size_t k = 0; k < active_flows_.size(); ++k) cap[k] = FlowCap(active_flows_[k]);
     std::map<int, double> used;  // link -> capacity taken by frozen transfers
     size_t left = active_flows_.size();
     while (left > 0) {
       std::map<int, double> want;  // link -> demand of unfrozen transfers at rate 1
-      for (size_t k = 0; k < active_flows_.size(); ++k)
-        if (!frozen[k])
-          for (const auto& [link, x] : flows_[active_flows_[k]].demand) want[link] += x;
       double level = 1;
+      for (size_t k = 0; k < active_flows_.size(); ++k)
+        if (!frozen[k]) {
+          level = std::min(level, cap[k]);
+          for (const auto& [link, x] : flows_[active_flows_[k]].demand) want[link] += x;
+        }
       for (const auto& [link, x] : want) level = std::min(level, std::max(0.0, 1 - used[link]) / x);
       std::set<int> full;
       for (const auto& [link, x] : want)
         if (std::max(0.0, 1 - used[link]) / x <= level * (1 + 1e-12)) full.insert(link);
       for (size_t k = 0; k < active_flows_.size(); ++k) {
         if (frozen[k]) continue;
-        bool stop = level >= 1;
+        bool stop = level >= cap[k] * (1 - 1e-12);
         for (const auto& [link, x] : flows_[active_flows_[k]].demand) stop = stop || full.count(link);
         if (!stop) continue;
         frozen[k] = 1;
@@ -475,6 +480,16 @@ class Simulator {
       ++f.version;
       queue_.push({now_ + f.left_us / f.rate, seq_++, active_flows_[k], f.version, kFlowEnd});
     }
+  }
+
+  /// A transfer's top speed: 1 (its price), or 1 / (1 + c) while one of its
+  /// ranks computes (ClusterSpec::comm_corun_slowdown: its progress needs
+  /// the cores the compute takes).
+  double FlowCap(int id) const {
+    if (comm_corun_ <= 0) return 1;
+    for (int m : rvs_[id].members)
+      if (!running_compute_[gid_rank_[m]].empty()) return 1 / (1 + comm_corun_);
+    return 1;
   }
 
   /// Compute speed on a rank with `n` communication ops in flight: the
@@ -521,6 +536,7 @@ class Simulator {
   /// Co-running: `sr` started or stopped computing; its node-mates' compute
   /// speeds change.
   void ComputingChange(int sr) {
+    if (comm_corun_ > 0 && !active_flows_.empty()) ShareLinks();  // FlowCap changed
     if (corun_ <= 0 && corun_memory_ <= 0) return;
     for (int w : watchers_[sr]) Retime(w);
   }
@@ -668,6 +684,7 @@ class Simulator {
   std::vector<int> comm_inflight_;
   double corun_ = 0;                                   // ClusterSpec::corun_slowdown
   double corun_memory_ = 0;                            // ClusterSpec::CorunSlowdownMemory()
+  double comm_corun_ = 0;                              // ClusterSpec::comm_corun_slowdown
   std::vector<std::vector<std::pair<int, int>>> mates_;  // per simulated rank: (simulated rank, devices it stands for)
   std::vector<int> node_others_;                       // per simulated rank: other devices on its node
   std::vector<std::vector<int>> watchers_;             // per simulated rank: ranks whose mates_ hold it

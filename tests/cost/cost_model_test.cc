@@ -247,6 +247,13 @@ TEST(CostClusterTest, ValidateNamesField) {
   c.corun_slowdown_memory = 0.6;
   ASSERT_TRUE(ValidateCluster(c, "my.yaml").ok());
   EXPECT_EQ(ParseCluster(ClusterToJson(c), "c.json", true)->CorunSlowdownMemory(), 0.6);
+  EXPECT_EQ(c.comm_corun_slowdown, 0);
+  c.comm_corun_slowdown = 0.3;
+  EXPECT_EQ(ParseCluster(ClusterToJson(c), "c.json", true)->comm_corun_slowdown, 0.3);
+  c.comm_corun_slowdown = -1;
+  EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
+            "my.yaml: field 'comm_corun_slowdown': must be a slowdown fraction in [0, 10], got -1");
+  c.comm_corun_slowdown = 0;
   c.corun_slowdown_memory = 11;
   EXPECT_NE(ValidateCluster(c, "my.yaml").message().find("field 'corun_slowdown_memory': must be a slowdown fraction"),
             std::string::npos);

@@ -746,7 +746,7 @@ int CmdProfile(const ProfileFlags& pf) {
   if (!comm.ok()) return Fail(comm.status());
   const ClusterSpec cluster =
       MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference, pf.no_corun ? 0 : corun,
-                          pf.no_corun ? 0 : interference->corun_memory);
+                          pf.no_corun ? 0 : interference->corun_memory, pf.no_corun ? 0 : interference->comm_corun);
   const ProfileDb db = MakeProfileDb(device, kernels, *samples, program.get(), cluster);
   const std::string cluster_path = pf.out_dir + "/cpu-local.json", db_path = pf.out_dir + "/profile.json";
   if (Status s = WriteTextFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
@@ -779,6 +779,8 @@ int CmdProfile(const ProfileFlags& pf) {
                         {"corun_round_factors", interference->corun_round_factors},
                         {"corun_slowdown_memory", interference->corun_memory},
                         {"corun_memory_round_factors", interference->corun_memory_round_factors},
+                        {"comm_corun_slowdown", interference->comm_corun},
+                        {"comm_corun_round_factors", interference->comm_corun_round_factors},
                         {"corun_in_cluster", !pf.no_corun},
                         {"profile_entries", db.size()},
                         {"profile_file", db_path},
@@ -799,7 +801,7 @@ int CmdProfile(const ProfileFlags& pf) {
       "{}"
       "interference: {:.3f} (compute at 1/(1+f) while an all_reduce of {} bytes is in flight)\n"
       "co-run slowdown: {:.3f} compute-bound, {:.3f} streaming kernels (kernels while every rank computes against "
-      "rank 0 computing alone; {})\n"
+      "rank 0 computing alone), {:.3f} communication (an all_reduce while every rank computes against one alone); {}\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
       kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
       compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
@@ -813,10 +815,9 @@ int CmdProfile(const ProfileFlags& pf) {
                         comm->one_way_gbps, 100 * std::expm1(comm->ports_one_way_error),
                         100 * std::expm1(comm->bus_one_way_error)),
       interference->interference,
-      interference->comm_bytes, corun, interference->corun_memory,
+      interference->comm_bytes, corun, interference->corun_memory, interference->comm_corun,
       pf.no_corun ? "not in the cluster: --no-corun"
-                  : "the cluster's corun_slowdown and corun_slowdown_memory: a kernel slows by its class's while every "
-                    "other rank of the node computes",
+                  : "the cluster's corun_slowdown, corun_slowdown_memory and comm_corun_slowdown",
       db.size(), db_path, cluster_path);
   for (const InterferenceKernel& k : interference->kernels)
     std::cout << fmt::format("  {}: {:.1f} us on rank 0 alone, {:.1f} us while every rank computes, {:.1f} us with "

@@ -108,6 +108,13 @@ struct ClusterSpec {
   /// where a matmul ran 1-2% slower. -1 (a file without the field): as
   /// corun_slowdown.
   double corun_slowdown_memory = -1;
+  /// A transfer slows by this fraction while one of its ranks computes: on a
+  /// CPU the communication's progress (copies, the network stack, MPI's
+  /// polling) needs the cores the kernels take (`concerto profile` measures
+  /// it: an all_reduce while every rank computes against one alone). 0 for
+  /// GPUs, whose copy engines and NCCL kernels do not wait for the compute
+  /// stream. Applies to transfers over shared links (topology.share_links).
+  double comm_corun_slowdown = 0;
   /// The co-run slowdown of streaming kernels (corun_slowdown_memory, or
   /// corun_slowdown when that is -1).
   double CorunSlowdownMemory() const { return corun_slowdown_memory >= 0 ? corun_slowdown_memory : corun_slowdown; }

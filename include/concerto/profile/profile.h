@@ -226,6 +226,10 @@ struct InterferenceMeasurement {
   double corun = 0;           // MedianFactor(corun_round_factors): the co-run slowdown of compute-bound kernels
   std::vector<double> corun_memory_round_factors;  // the same for streaming kernels (the add)
   double corun_memory = 0;    // their median: the co-run slowdown of streaming kernels
+  std::vector<double> comm_alone_us;       // per round: the all_reduce of comm_bytes, nothing computing
+  std::vector<double> comm_computing_us;   // per round: its median while every rank computes
+  std::vector<double> comm_corun_round_factors;  // computing / alone - 1, clamped to [0, 10]
+  double comm_corun = 0;      // their median: the communication's co-run slowdown
 };
 
 /// f = (sum of the kernels' overlapped times) / (sum of their alone times)
@@ -241,7 +245,11 @@ double MedianFactor(const std::vector<double>& factors);
 /// wait in the next barrier (solo_us; per round CorunSlowdown of the solo
 /// and alone medians of the compute-bound kernels goes to
 /// corun_round_factors, their median to corun; of the streaming kernels to
-/// corun_memory_round_factors and corun_memory).
+/// corun_memory_round_factors and corun_memory). After the every-rank
+/// phase one all_reduce of comm_bytes runs with nothing computing
+/// (comm_alone_us); the overlapped phase's all_reduces, which run while every
+/// rank computes, give comm_computing_us; per round computing / alone - 1 goes
+/// to comm_corun_round_factors, their median to comm_corun.
 /// Alone: after a world barrier every rank times each kernel. Overlapped:
 /// a second thread issues all_reduces of comm_bytes on the world back to
 /// back while this thread times the kernels, keeping a run only when the
@@ -279,7 +287,7 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path);
 /// corun and corun_memory; 0 when not measured; memory -1: as corun_slowdown).
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
                                 const std::string& device_name, double interference = 0, double corun_slowdown = 0,
-                                double corun_slowdown_memory = -1);
+                                double corun_slowdown_memory = -1, double comm_corun_slowdown = 0);
 
 /// A profile database for `device`: every kernel sample, and for every
 /// collective op of `program` (if any) whose (type, group size, bytes) was
