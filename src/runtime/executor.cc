@@ -306,9 +306,11 @@ class RankExecutor {
   /// Staging buffer `slot` (0: what the op sends, 1: what it receives) of
   /// communication op `op`, resized to `n` floats and kept over the steps, as
   /// DDP's and Megatron's gradient buckets are: a fused bucket of 67 MB packed
-  /// into a fresh vector on every step paid its reallocations and page faults
-  /// inside the collective's span (1209 ms where the link's rate gives 1078;
-  /// docs/runtime.md, "Executor"). Only the op's own stream thread touches them.
+  /// into a fresh, growing vector on every step, then copied again by the
+  /// communicator for the in-place call, spent 130 ms of reallocations and
+  /// copies inside the collective's span (1209 ms where the link's rate gives
+  /// 1078; docs/runtime.md, "Executor"). Only the op's own stream thread
+  /// touches them.
   std::vector<float>& Staging(const Op& op, int slot, size_t n) {
     std::vector<float>& b = staging_[static_cast<size_t>(index_.op.at(op.id))][static_cast<size_t>(slot)];
     b.resize(n);
