@@ -971,7 +971,7 @@ int RealMain(int argc, char** argv) {
   profile->add_option("--out-dir", pf.out_dir, "where to write profile.json and cpu-local.json")->capture_default_str();
   profile->add_option("--ranks", pf.ranks, "ranks for the collectives (default: the program's, else 2)")->check(CLI::Range(2, 1024));
   profile->add_flag("--in-process", pf.in_process, "time collectives over threads (FakeWorld) instead of MPI processes");
-  profile->add_option("--max-bytes", pf.max_bytes, "largest collective size in the sweep [bytes]")->capture_default_str()->check(CLI::Range(int64_t{4096}, int64_t{1} << 32));
+  profile->add_option("--max-bytes", pf.max_bytes, "largest collective size in the sweep, and of the one-way transfers that tell ports from a bus [bytes]")->capture_default_str()->check(CLI::Range(int64_t{4096}, int64_t{1} << 32));
   profile->add_option("--reps", pf.reps, "timed repetitions per collective")->capture_default_str()->check(CLI::Range(1, 1000));
   profile->add_option("--from-trace", pf.from_trace,
                       "measure nothing: write the compute durations of a run's trace (concerto run --trace) into "
@@ -979,9 +979,10 @@ int RealMain(int argc, char** argv) {
   profile->add_option("--cluster", pf.cluster, "--from-trace: the cluster preset or file the run was scheduled on");
   profile->add_option("--profile", pf.base, "--from-trace: the profile database to update (its other entries are kept)");
   profile->add_flag("--no-corun", pf.no_corun,
-                    "write corun_slowdown 0 into the cluster (default: the measured co-run slowdown, the interference "
-                    "kernels' time while every rank computes over rank 0's alone; the simulator applies it while "
-                    "other ranks of the node compute)");
+                    "write corun_slowdown, corun_slowdown_memory and comm_corun_slowdown 0 into the cluster "
+                    "(default: as measured: the interference kernels' time while every rank computes over rank 0's "
+                    "alone, per kernel class, and an all_reduce's time while every rank computes over its time "
+                    "alone; the simulator applies them while other ranks of the node compute)");
   profile->add_flag("--json", pf.json, "print one JSON object");
 
   try {
