@@ -1,5 +1,4 @@
 #include "concerto/sim/simulator.h"
-#include "concerto/ir/op_registry.h"
 
 #include <algorithm>
 #include <cassert>
@@ -11,6 +10,7 @@
 #include <tuple>
 
 #include "concerto/ir/graph_index.h"
+#include "concerto/ir/op_registry.h"
 
 namespace concerto {
 namespace {
