@@ -38,9 +38,9 @@ PLANS=${PLAN:-${PLANS:-"dp=2 tp=2 pp=2,microbatches=4"}}
 OUT_ROOT=${OUT:-$BUILD/testbed}
 CONCERTO_BUDGET=${CONCERTO_BUDGET:-30}
 # The largest collective profiled: the baselines' fused gradient buckets
-# reach 67 MB on gpt-testbed (megatron's one bucket), and all_reduces above
-# 16 MiB ran 11-20% below the shaped rate (docs/results.md, fourteenth
-# session), so the fit must see them.
+# reach 67 MB on gpt-testbed (megatron's one bucket), and the fitted link
+# prices them (only the program's own sizes have profile entries), so the
+# fit should see messages that large.
 MAX_BYTES=${MAX_BYTES:-67108864}
 CONCERTO=$BUILD/concerto
 

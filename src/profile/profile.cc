@@ -965,35 +965,30 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
       j["interference"].get<double>() > 10)
     return Status::Error(path + ": field 'interference' must be a number in [0, 10]");
   m.interference = j["interference"].get<double>();
-  if (j.contains("round_factors") && j["round_factors"].is_array())
-    for (const nlohmann::json& f : j["round_factors"])
-      if (f.is_number()) m.round_factors.push_back(f.get<double>());
-  if (j.contains("corun")) {  // absent in files written before the thirteenth session: 0
-    if (!j["corun"].is_number() || !(j["corun"].get<double>() >= 0) || j["corun"].get<double>() > 10)
-      return Status::Error(path + ": field 'corun' must be a number in [0, 10]");
-    m.corun = j["corun"].get<double>();
-  }
+  // Optional fields: a factor in [0, 10] (absent: left as it is) and a list
+  // of numbers (absent or not a list: empty).
+  auto factor = [&](const char* name, double* into) -> Status {
+    if (!j.contains(name)) return Status::Ok();
+    if (!j[name].is_number() || !(j[name].get<double>() >= 0) || j[name].get<double>() > 10)
+      return Status::Error(path + ": field '" + name + "' must be a number in [0, 10]");
+    *into = j[name].get<double>();
+    return Status::Ok();
+  };
+  auto numbers = [&](const char* name, std::vector<double>* into) {
+    if (j.contains(name) && j[name].is_array())
+      for (const nlohmann::json& f : j[name])
+        if (f.is_number()) into->push_back(f.get<double>());
+  };
+  numbers("round_factors", &m.round_factors);
+  CONCERTO_RETURN_IF_ERROR(factor("corun", &m.corun));  // absent before the thirteenth session: 0
   m.corun_memory = m.corun;  // files written before the fourteenth session: one factor for every kernel
-  if (j.contains("corun_memory")) {
-    if (!j["corun_memory"].is_number() || !(j["corun_memory"].get<double>() >= 0) ||
-        j["corun_memory"].get<double>() > 10)
-      return Status::Error(path + ": field 'corun_memory' must be a number in [0, 10]");
-    m.corun_memory = j["corun_memory"].get<double>();
-  }
-  if (j.contains("comm_corun")) {  // absent before the fourteenth session: 0
-    if (!j["comm_corun"].is_number() || !(j["comm_corun"].get<double>() >= 0) || j["comm_corun"].get<double>() > 10)
-      return Status::Error(path + ": field 'comm_corun' must be a number in [0, 10]");
-    m.comm_corun = j["comm_corun"].get<double>();
-  }
-  if (j.contains("comm_corun_round_factors") && j["comm_corun_round_factors"].is_array())
-    for (const nlohmann::json& f : j["comm_corun_round_factors"])
-      if (f.is_number()) m.comm_corun_round_factors.push_back(f.get<double>());
-  if (j.contains("corun_memory_round_factors") && j["corun_memory_round_factors"].is_array())
-    for (const nlohmann::json& f : j["corun_memory_round_factors"])
-      if (f.is_number()) m.corun_memory_round_factors.push_back(f.get<double>());
-  if (j.contains("corun_round_factors") && j["corun_round_factors"].is_array())
-    for (const nlohmann::json& f : j["corun_round_factors"])
-      if (f.is_number()) m.corun_round_factors.push_back(f.get<double>());
+  CONCERTO_RETURN_IF_ERROR(factor("corun_memory", &m.corun_memory));
+  CONCERTO_RETURN_IF_ERROR(factor("comm_corun", &m.comm_corun));  // absent before the fourteenth session: 0
+  numbers("corun_round_factors", &m.corun_round_factors);
+  numbers("corun_memory_round_factors", &m.corun_memory_round_factors);
+  numbers("comm_corun_round_factors", &m.comm_corun_round_factors);
+  numbers("comm_alone_us", &m.comm_alone_us);
+  numbers("comm_computing_us", &m.comm_computing_us);
   return m;
 }
 

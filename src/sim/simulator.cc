@@ -121,6 +121,7 @@ class Simulator {
     corun_ = cost.cluster().corun_slowdown;
     corun_memory_ = cost.cluster().CorunSlowdownMemory();
     comm_corun_ = cost.cluster().comm_corun_slowdown;
+    bus_ = cost.cluster().topology.IsBus();
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
     ranks_ = ChooseRanks(p_, indexes_, cost_, options.all_ranks, &rep);
@@ -399,15 +400,14 @@ class Simulator {
     auto add = [&](int sr, int slot, double x) {
       if (x > 0) d.push_back({sr * kLinkSlots + slot, x});
     };
-    const bool bus = cost_.cluster().topology.IsBus();
     std::set<int> bus_nodes;
     for (int m : rv.members) {
       const int sr = gid_rank_[m];
       const OpKind kind = OpOf(m).kind;
       const bool tx = kind != OpKind::kRecv, rx = kind != OpKind::kSend;
-      if (bus) bus_nodes.insert(cost_.cluster().NodeOf(sim_[sr].rank));
-      if (tx) add(sr, kInterTx, load.inter), bus ? void() : add(sr, kIntraTx, load.intra);
-      if (rx) add(sr, kInterRx, load.inter), bus ? void() : add(sr, kIntraRx, load.intra);
+      if (bus_) bus_nodes.insert(cost_.cluster().NodeOf(sim_[sr].rank));
+      if (tx) add(sr, kInterTx, load.inter), bus_ ? void() : add(sr, kIntraTx, load.intra);
+      if (rx) add(sr, kInterRx, load.inter), bus_ ? void() : add(sr, kIntraRx, load.intra);
     }
     const int bus_base = static_cast<int>(sim_.size()) * kLinkSlots;
     if (load.intra > 0)
@@ -685,6 +685,7 @@ class Simulator {
   double corun_ = 0;                                   // ClusterSpec::corun_slowdown
   double corun_memory_ = 0;                            // ClusterSpec::CorunSlowdownMemory()
   double comm_corun_ = 0;                              // ClusterSpec::comm_corun_slowdown
+  bool bus_ = false;                                   // TopologySpec::IsBus(): one link per node
   std::vector<std::vector<std::pair<int, int>>> mates_;  // per simulated rank: (simulated rank, devices it stands for)
   std::vector<int> node_others_;                       // per simulated rank: other devices on its node
   std::vector<std::vector<int>> watchers_;             // per simulated rank: ranks whose mates_ hold it

@@ -104,9 +104,9 @@ struct ClusterSpec {
   /// kernels: KernelClass kTensorCore and kVector).
   double corun_slowdown = 0;
   /// The same for memory-bound (streaming) kernels, which share the memory
-  /// bus: on the testbed an add ran 30-65% slower beside the other rank's
-  /// where a matmul ran 1-2% slower. -1 (a file without the field): as
-  /// corun_slowdown.
+  /// bus: on the testbed an add ran 4-73% slower beside the other rank's
+  /// where a matmul ran 0-13% slower (docs/results.md, fourteenth session).
+  /// -1 (a file without the field): as corun_slowdown.
   double corun_slowdown_memory = -1;
   /// A transfer slows by this fraction while one of its ranks computes: on a
   /// CPU the communication's progress (copies, the network stack, MPI's
