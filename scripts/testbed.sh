@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
-# The emulated-cluster testbed (docs/runtime.md "Testbed", docs/results.md
+# The emulated-cluster testbed (docs/runtime.md "The testbed", docs/results.md
 # "Testbed: measured vs simulated"). Needs root (network namespaces, tc).
 #
 # Creates a network namespace whose loopback is shaped with tbf (default
 # 1 Gbit/s, bucket BURST=256kb, queue LATENCY=50ms: docs/runtime.md "The
 # testbed" says why). For each workload of PLANS (default dp=2, tp=2 and a
-# pipeline, pp=2 with 4 micro-batches) it profiles this machine inside the
-# namespace (`concerto profile`: kernels of the workload, collectives over
-# MPI on the shaped loopback, interference and co-run slowdown, a fitted
-# cpu-local cluster), then for each of SCHEDULERS (default: all seven) makes
-# the schedule on that cluster + profile database, takes the simulator's
-# prediction, and runs the step for real over MPI inside the namespace
-# (WARMUP + ITERATIONS steps on buffers initialised once). Prints one row
-# per scheduler and workload (measured median, min and max, simulated,
-# simulated / median), the load average before and after (the figures mean
-# little on a loaded machine), then the summary (scripts/testbed_summary.py:
-# error per cell, cells within 10%, the ranking check; OUT/testbed.json).
-# About 10 minutes with the defaults on 2 cores.
+# pipeline, pp=2 with 4 micro-batches):
+#  1. profiles this machine inside the namespace (`concerto profile`: kernels
+#     of the workload, collectives over MPI on the shaped loopback,
+#     interference and co-run slowdowns, a fitted cpu-local cluster);
+#  2. makes each of SCHEDULERS' schedules (default: all seven) on that
+#     cluster + profile and takes the simulator's prediction;
+#  3. measures in ROUNDS rounds (default 5): each round times the kernels of
+#     every schedule's program again (`profile --kernels-only`) and then runs
+#     each schedule for real over MPI inside the namespace (WARMUP + ITERATIONS
+#     steps on buffers initialised once), in an order rotated by one each round,
+#     so a machine whose speed drifts (this shared 2-vCPU one: up to 58% within
+#     two hours) drifts under every scheduler and under the kernel timings alike;
+#  4. merges the rounds' kernel timings (`profile --merge`: per kernel the
+#     median) and simulates each schedule again on them (`simulate --schedule`).
+# Prints one row per scheduler and workload (measured median, min and max over
+# every round's iterations, the prediction on the profile taken first, the one
+# on the kernels timed between the runs), the load average before and after,
+# then the summary (scripts/testbed_summary.py: error per cell for both
+# predictions, cells within 10%, the ranking check, compute ratios;
+# OUT/testbed.json). About 15 minutes per workload with the defaults on 2 cores.
 # The namespace is removed on every exit (normal, error, Ctrl-C, kill).
 #
 # usage: scripts/testbed.sh [BUILD_DIR]     (env: RATE=1gbit BURST=256kb LATENCY=50ms
-#        ITERATIONS=5 WARMUP=1 SCHEDULERS="sequential fifo ddp megatron zero xla-lhs concerto"
+#        ROUNDS=5 ITERATIONS=1 (per round) WARMUP=1 (per round)
+#        SCHEDULERS="sequential fifo ddp megatron zero xla-lhs concerto"
 #        MODEL=examples/models/gpt-testbed.yaml PLANS="dp=2 tp=2 pp=2,microbatches=4"
 #        (PLAN=P: that one workload) OUT=BUILD_DIR/testbed (one folder per workload) CONCERTO_BUDGET=30
 #        MAX_BYTES=67108864 (largest collective profiled))
@@ -30,7 +39,8 @@ BUILD=${1:-build}
 RATE=${RATE:-1gbit}
 BURST=${BURST:-256kb}
 LATENCY=${LATENCY:-50ms}
-ITERATIONS=${ITERATIONS:-5}
+ROUNDS=${ROUNDS:-5}
+ITERATIONS=${ITERATIONS:-1}
 WARMUP=${WARMUP:-1}
 SCHEDULERS=${SCHEDULERS:-"sequential fifo ddp megatron zero xla-lhs concerto"}
 MODEL=${MODEL:-examples/models/gpt-testbed.yaml}
@@ -85,29 +95,56 @@ in_ns "$CONCERTO" profile --program "$OUT/program.json" --out-dir "$OUT" --max-b
   --json > "$OUT/profile.summary.json"
 cat "$OUT/profile.summary.json" >&2
 
-echo "testbed: load average before the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-rows=()
-for s in $SCHEDULERS; do
+read -r -a scheds <<< "$SCHEDULERS"
+programs=("$OUT/program.json")
+for s in "${scheds[@]}"; do
   extra=()
   [[ $s == concerto ]] && extra=(--time-budget "$CONCERTO_BUDGET")
   "$CONCERTO" schedule "$OUT/program.json" --scheduler "$s" --cluster "$OUT/cpu-local.json" \
     --profile "$OUT/profile.json" -o "$OUT/$s.schedule.json" --write-program "$OUT/$s.program.json" \
     "${extra[@]}" --json > "$OUT/$s.simulated.json"
-  in_ns "$CONCERTO" run "$OUT/$s.program.json" --schedule "$OUT/$s.schedule.json" \
-    --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" \
-    --iterations "$ITERATIONS" --warmup "$WARMUP" --trace "$OUT/$s.measured.trace.json" --json > "$OUT/$s.measured.json"
-  rows+=("$(awk -v s="$s" -v m="$(field "$OUT/$s.measured.json" median_iteration_us)" \
-    -v lo="$(field "$OUT/$s.measured.json" min_iteration_us)" -v hi="$(field "$OUT/$s.measured.json" max_iteration_us)" \
-    -v p="$(field "$OUT/$s.simulated.json" makespan_us)" \
-    'BEGIN { printf "%-12s %12.1f %10.1f %10.1f %14.1f %10.3f", s, m / 1e3, lo / 1e3, hi / 1e3, p / 1e3, p / m }')")
+  programs+=("$OUT/$s.program.json")
+done
+rm -f "$OUT"/*.round-*.measured.json "$OUT"/*.round-*.trace.json
+rm -rf "$OUT"/round-*
+echo "testbed: load average before the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+for ((r = 1; r <= ROUNDS; r++)); do
+  echo "testbed: round $r of $ROUNDS: kernels, then ${#scheds[@]} schedules" >&2
+  "$CONCERTO" profile --kernels-only --program "${programs[@]}" --profile "$OUT/profile.json" \
+    --out-dir "$OUT/round-$r" --json > "$OUT/round-$r.kernels.json"
+  n=${#scheds[@]}
+  for ((i = 0; i < n; i++)); do
+    s=${scheds[$(( (i + r - 1) % n ))]}
+    in_ns "$CONCERTO" run "$OUT/$s.program.json" --schedule "$OUT/$s.schedule.json" \
+      --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" \
+      --iterations "$ITERATIONS" --warmup "$WARMUP" --trace "$OUT/$s.round-$r.trace.json" \
+      --json > "$OUT/$s.round-$r.measured.json"
+  done
 done
 echo "testbed: load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), co-run slowdown $(field "$OUT/cpu-local.json" corun_slowdown), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us" >&2
+round_dbs=()
+for ((r = 1; r <= ROUNDS; r++)); do round_dbs+=("$OUT/round-$r/profile.json"); done
+if ((ROUNDS >= 2)); then
+  "$CONCERTO" profile --merge "${round_dbs[@]}" --out-dir "$OUT/rounds" --json > "$OUT/rounds.merge.json"
+else
+  mkdir -p "$OUT/rounds" && cp "${round_dbs[0]}" "$OUT/rounds/profile.json"
+fi
+rows=()
+for s in "${scheds[@]}"; do
+  python3 "$(dirname "$0")/testbed_summary.py" --combine-rounds "$OUT/$s.measured.json" "$OUT/$s".round-*.measured.json
+  "$CONCERTO" simulate "$OUT/$s.program.json" --schedule "$OUT/$s.schedule.json" --cluster "$OUT/cpu-local.json" \
+    --profile "$OUT/rounds/profile.json" --json > "$OUT/$s.resimulated.json"
+  rows+=("$(awk -v s="$s" -v m="$(field "$OUT/$s.measured.json" median_iteration_us)" \
+    -v lo="$(field "$OUT/$s.measured.json" min_iteration_us)" -v hi="$(field "$OUT/$s.measured.json" max_iteration_us)" \
+    -v p="$(field "$OUT/$s.simulated.json" makespan_us)" -v q="$(field "$OUT/$s.resimulated.json" makespan_us)" \
+    'BEGIN { printf "%-12s %12.1f %10.1f %10.1f %14.1f %14.1f", s, m / 1e3, lo / 1e3, hi / 1e3, p / 1e3, q / 1e3 }')")
+done
+echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), co-run slowdown $(field "$OUT/cpu-local.json" corun_slowdown), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us; kernels over the rounds: max/min median $(field "$OUT/rounds.merge.json" median_spread 2>/dev/null || echo -)" >&2
 echo "=== $PLAN"
-printf '%-12s %12s %10s %10s %14s %10s\n' scheduler median_ms min_ms max_ms simulated_ms sim/median
+printf '%-12s %12s %10s %10s %14s %14s\n' scheduler median_ms min_ms max_ms sim_first_ms sim_rounds_ms
 printf '%s\n' "${rows[@]}"
 done
 
 echo
 python3 "$(dirname "$0")/testbed_summary.py" "$OUT_ROOT" "${summary_args[@]}"
-echo "testbed: files in $OUT_ROOT/<workload>/ (per scheduler: .simulated.json, .measured.json, .measured.trace.json); summary in $OUT_ROOT/testbed.json" >&2
+echo "testbed: files in $OUT_ROOT/<workload>/ (per scheduler: .simulated.json (profile first), .resimulated.json (kernels of the rounds), .measured.json (every round), .round-R.measured.json and .round-R.trace.json; round-R/ and rounds/: the kernel timings); summary in $OUT_ROOT/testbed.json" >&2

@@ -1,15 +1,23 @@
 #!/usr/bin/env python3
 """The testbed's summary (scripts/testbed.sh): per workload and scheduler the
-measured median (min-max) beside the simulated time and the error, the cells
-within 10%, and the ranking check (pairs whose measured ranges do not overlap,
-in the measured order?), and per cell the compute ratio: the measured
-compute-stream busy time over the simulated one (report rank). A ratio far
-from 1 says the kernels themselves ran slower or faster than the profile and
-the co-run model predicted (the machine's speed moved between the profile and
-the run, or the co-run slowdown was mispredicted), apart from what the
-schedule model gets wrong. Also writes OUT/testbed.json.
+measured median (min-max over every round's iterations) beside two
+predictions and their errors: `first`, on the profile taken before the
+schedules were made (what the schedulers saw), and `rounds`, the same
+schedule simulated again on the kernels timed once per round between the
+runs (per kernel the median over the rounds: the machine's speed over the
+window the runs were measured in). Then the cells within 10% and the ranking
+check (pairs whose measured ranges do not overlap, in the measured order?)
+for both, and per cell the compute ratio: the measured compute-stream busy
+time over the simulated one (report rank, `rounds` prediction). A ratio far
+from 1 says the kernels themselves ran slower or faster than timed and the
+co-run model predicted, apart from what the schedule model gets wrong. Also
+writes OUT/testbed.json.
 
 usage: testbed_summary.py OUT TAG=PLAN [TAG=PLAN ...]
+       testbed_summary.py --combine-rounds OUT.json ROUND.json [ROUND.json ...]
+         (one measured.json from the rounds' `concerto run --json` outputs:
+          every iteration, their median, min and max, and the compute and
+          communication busy time of the median round)
 """
 import itertools
 import json
@@ -27,7 +35,54 @@ def field(path, name):
     return float(m.group(1))
 
 
+def median(values):
+    v = sorted(values)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def combine_rounds(out, paths):
+    rounds = []
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        if not d.get("iteration_us"):
+            sys.exit("testbed: %s has no iteration_us" % p)
+        rounds.append(d)
+    iters = [t for d in rounds for t in d["iteration_us"]]
+    # The round whose median iteration is the median of the rounds' (the lower
+    # one for an even count) gives the busy times, as `run` gives its median
+    # iteration's.
+    by_median = sorted(rounds, key=lambda d: d["median_iteration_us"])
+    mid = by_median[(len(by_median) - 1) // 2]
+    combined = {"rounds": len(rounds), "iteration_us": iters, "iterations": len(iters),
+                "median_iteration_us": median(iters), "min_iteration_us": min(iters),
+                "max_iteration_us": max(iters), "compute_busy_us": mid["compute_busy_us"],
+                "comm_busy_us": mid["comm_busy_us"], "round_files": paths}
+    with open(out, "w") as f:
+        json.dump(combined, f, indent=1)
+
+
+PREDICTIONS = [("first", ".simulated.json"), ("rounds", ".resimulated.json")]
+
+
+def ranking(cells, key):
+    pairs, ordered, wrong = 0, 0, []
+    for a, b in itertools.combinations(cells, 2):
+        if a["measured_max_ms"] < b["measured_min_ms"] or b["measured_max_ms"] < a["measured_min_ms"]:
+            pairs += 1
+            same = (a["measured_median_ms"] < b["measured_median_ms"]) == (a[key] < b[key])
+            if same and a[key] != b[key]:
+                ordered += 1
+            else:
+                wrong.append(a["scheduler"] + "/" + b["scheduler"])
+    return pairs, ordered, wrong
+
+
 def main():
+    if len(sys.argv) >= 4 and sys.argv[1] == "--combine-rounds":
+        combine_rounds(sys.argv[2], sys.argv[3:])
+        return
     if len(sys.argv) < 3:
         sys.exit(__doc__)
     out = sys.argv[1]
@@ -37,53 +92,73 @@ def main():
         d = os.path.join(out, tag)
         known = ["sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zero", "deepspeed-overlap",
                  "xla-lhs", "concerto"]
-        scheds = sorted({f[: -len(".measured.json")] for f in os.listdir(d) if f.endswith(".measured.json")},
+        scheds = sorted({f[: -len(".measured.json")] for f in os.listdir(d)
+                         if f.endswith(".measured.json") and ".round-" not in f},
                         key=lambda s: (known.index(s) if s in known else len(known), s))
         cells = []
         for s in scheds:
-            med = field(os.path.join(d, s + ".measured.json"), "median_iteration_us") / 1e3
-            lo = field(os.path.join(d, s + ".measured.json"), "min_iteration_us") / 1e3
-            hi = field(os.path.join(d, s + ".measured.json"), "max_iteration_us") / 1e3
-            sim = field(os.path.join(d, s + ".simulated.json"), "makespan_us") / 1e3
-            busy_measured = field(os.path.join(d, s + ".measured.json"), "compute_busy_us")
-            busy_simulated = field(os.path.join(d, s + ".simulated.json"), "compute_busy_us")
-            cells.append({"workload": plan, "scheduler": s, "measured_median_ms": med, "measured_min_ms": lo,
-                          "measured_max_ms": hi, "simulated_ms": sim, "error": sim / med - 1,
-                          "compute_ratio": busy_measured / busy_simulated if busy_simulated > 0 else 0.0})
-        pairs, ordered, wrong = 0, 0, []
-        for a, b in itertools.combinations(cells, 2):
-            if a["measured_max_ms"] < b["measured_min_ms"] or b["measured_max_ms"] < a["measured_min_ms"]:
-                pairs += 1
-                same = (a["measured_median_ms"] < b["measured_median_ms"]) == (a["simulated_ms"] < b["simulated_ms"])
-                if same and a["simulated_ms"] != b["simulated_ms"]:
-                    ordered += 1
-                else:
-                    wrong.append(a["scheduler"] + "/" + b["scheduler"])
-        within = sum(abs(c["error"]) <= 0.10 for c in cells)
-        workloads.append({"workload": plan, "cells": len(cells), "cells_within_10pct": within,
-                          "separable_pairs": pairs, "pairs_in_measured_order": ordered, "pairs_wrong": wrong})
+            measured = os.path.join(d, s + ".measured.json")
+            cell = {"workload": plan, "scheduler": s,
+                    "measured_median_ms": field(measured, "median_iteration_us") / 1e3,
+                    "measured_min_ms": field(measured, "min_iteration_us") / 1e3,
+                    "measured_max_ms": field(measured, "max_iteration_us") / 1e3}
+            busy_measured = field(measured, "compute_busy_us")
+            for name, suffix in PREDICTIONS:
+                path = os.path.join(d, s + suffix)
+                if not os.path.exists(path):
+                    continue
+                sim = field(path, "makespan_us") / 1e3
+                cell["simulated_%s_ms" % name] = sim
+                cell["error_%s" % name] = sim / cell["measured_median_ms"] - 1
+                busy = field(path, "compute_busy_us")
+                cell["compute_ratio"] = busy_measured / busy if busy > 0 else 0.0
+            cells.append(cell)
+        w = {"workload": plan, "cells": len(cells)}
+        for name, _ in PREDICTIONS:
+            have = [c for c in cells if "error_%s" % name in c]
+            if not have:
+                continue
+            pairs, ordered, wrong = ranking(have, "simulated_%s_ms" % name)
+            w[name] = {"cells_within_10pct": sum(abs(c["error_%s" % name]) <= 0.10 for c in have),
+                       "separable_pairs": pairs, "pairs_in_measured_order": ordered, "pairs_wrong": wrong}
+        workloads.append(w)
         rows += cells
-    print("| workload | scheduler | measured ms (min-max) | simulated ms | error | compute ratio |")
-    print("|---|---|---:|---:|---:|---:|")
+    names = [n for n, _ in PREDICTIONS if any("error_%s" % n in c for c in rows)]
+    header = "| workload | scheduler | measured ms (min-max) |"
+    for n in names:
+        header += " simulated ms (%s) | error (%s) |" % (n, n)
+    print(header + " compute ratio |")
+    print("|---|---|---:|" + "---:|---:|" * len(names) + "---:|")
     for c in rows:
-        print("| %s | %s | %.1f (%.1f-%.1f) | %.1f | %+.1f%% | %.2f |" % (
-              c["workload"], c["scheduler"], c["measured_median_ms"], c["measured_min_ms"], c["measured_max_ms"],
-              c["simulated_ms"], 100 * c["error"], c["compute_ratio"]))
+        line = "| %s | %s | %.1f (%.1f-%.1f) |" % (c["workload"], c["scheduler"], c["measured_median_ms"],
+                                                   c["measured_min_ms"], c["measured_max_ms"])
+        for n in names:
+            if "error_%s" % n in c:
+                line += " %.1f | %+.1f%% |" % (c["simulated_%s_ms" % n], 100 * c["error_%s" % n])
+            else:
+                line += " - | - |"
+        print(line + " %.2f |" % c.get("compute_ratio", 0.0))
     print()
-    for w in workloads:
-        print("- %s: %d of %d cells within 10%%; ranking: %d of %d separable pairs in the measured order%s" % (
-            w["workload"], w["cells_within_10pct"], w["cells"], w["pairs_in_measured_order"], w["separable_pairs"],
-            " (wrong or tied: %s)" % ", ".join(w["pairs_wrong"]) if w["pairs_wrong"] else ""))
-    total = sum(w["cells_within_10pct"] for w in workloads)
-    print("- all: %d of %d cells within 10%%" % (total, len(rows)))
-    steady = [c for c in rows if abs(c["compute_ratio"] - 1) <= 0.10]
-    print("- kernels as predicted (compute ratio within 10%%): %d of %d cells, %d of them within 10%% end to end" % (
-        len(steady), len(rows), sum(abs(c["error"]) <= 0.10 for c in steady)))
+    summary = {"cells": rows, "workloads": workloads, "cell_count": len(rows)}
+    for n in names:
+        for w in workloads:
+            if n not in w:
+                continue
+            v = w[n]
+            print("- %s, %s: %d of %d cells within 10%%; ranking: %d of %d separable pairs in the measured order%s" % (
+                w["workload"], n, v["cells_within_10pct"], w["cells"], v["pairs_in_measured_order"],
+                v["separable_pairs"], " (wrong or tied: %s)" % ", ".join(v["pairs_wrong"]) if v["pairs_wrong"] else ""))
+        total = sum(w[n]["cells_within_10pct"] for w in workloads if n in w)
+        print("- all, %s: %d of %d cells within 10%%" % (n, total, len(rows)))
+        summary["cells_within_10pct_%s" % n] = total
+    last = names[-1] if names else None
+    steady = [c for c in rows if abs(c.get("compute_ratio", 0) - 1) <= 0.10]
+    if last:
+        print("- kernels as predicted (compute ratio within 10%%, %s): %d of %d cells, %d of them within 10%% end to end"
+              % (last, len(steady), len(rows), sum(abs(c["error_%s" % last]) <= 0.10 for c in steady)))
+    summary["cells_kernels_as_predicted"] = len(steady)
     with open(os.path.join(out, "testbed.json"), "w") as f:
-        json.dump({"cells": rows, "workloads": workloads, "cells_within_10pct": total, "cell_count": len(rows),
-                   "cells_kernels_as_predicted": len(steady),
-                   "cells_kernels_as_predicted_within_10pct": sum(abs(c["error"]) <= 0.10 for c in steady)},
-                  f, indent=1)
+        json.dump(summary, f, indent=1)
 
 
 if __name__ == "__main__":

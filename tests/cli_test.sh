@@ -162,6 +162,23 @@ check from_trace_needs_program 2 "$BIN" profile --from-trace "$TMP/none.json"
 contains from_trace_needs_program_message "$TMP/err" "needs --program (the program the run executed"
 check from_trace_missing_trace 1 "$BIN" profile --from-trace "$TMP/none.json" --program "$ROOT/tests/golden/overlap_fifo.json" --cluster a800-4x8 --out-dir "$TMP/ft"
 contains from_trace_missing_trace_message "$TMP/err" "none.json"
+# --kernels-only times a program's kernels over a database; --merge takes the
+# per-entry median of several (the testbed's rounds, docs/runtime.md).
+check kernels_only_needs_program 2 "$BIN" profile --kernels-only
+contains kernels_only_needs_program_message "$TMP/err" "--kernels-only: needs --program"
+check kernels_only 0 "$BIN" profile --kernels-only --program "$EX" "$EX" --profile "$TMP/prof/profile.json" --out-dir "$TMP/k1" --json
+contains kernels_only_replaces "$TMP/out" '"added": 0'
+check kernels_only_again 0 "$BIN" profile --kernels-only --program "$EX" --profile "$TMP/prof/profile.json" --out-dir "$TMP/k2"
+check merge_profiles 0 "$BIN" profile --merge "$TMP/prof/profile.json" "$TMP/k1/profile.json" "$TMP/k2/profile.json" --out-dir "$TMP/km" --json
+contains merge_profiles_spread "$TMP/out" '"median_spread"'
+check merge_profiles_loads 0 "$BIN" simulate "$EX" --cluster "$TMP/prof/cpu-local.json" --profile "$TMP/km/profile.json" --json
+check merge_needs_two 2 "$BIN" profile --merge "$TMP/prof/profile.json" --out-dir "$TMP/km"
+contains merge_needs_two_message "$TMP/err" "needs at least two profile databases, got 1"
+check merge_bad_file 1 "$BIN" profile --merge "$TMP/prof/profile.json" "$TMP/none.json" --out-dir "$TMP/km"
+contains merge_bad_file_message "$TMP/err" "none.json"
+check merge_excludes_kernels_only 2 "$BIN" profile --merge "$TMP/prof/profile.json" "$TMP/k1/profile.json" --kernels-only --program "$EX"
+check several_programs_need_kernels_only 2 "$BIN" profile --program "$EX" "$EX" --in-process
+contains several_programs_message "$TMP/err" "several --program only with --kernels-only"
 
 if [[ $fails -ne 0 ]]; then echo "$fails CLI checks failed"; exit 1; fi
 echo "all CLI checks passed"

@@ -155,10 +155,11 @@ bool IsStreamingKernel(ComputeType t) { return OpInfo(t).kernel_class == KernelC
 }  // namespace
 
 Result<std::vector<KernelSample>> ProfileKernels(const Program& program, const ClusterSpec& cluster,
-                                                 const KernelProfileOptions& options) {
+                                                 const KernelProfileOptions& options, std::set<std::string>* seen) {
   SetBlasThreads(1);  // as in a run: one OpenBLAS thread per rank
   std::vector<KernelSample> out;
-  std::set<std::string> seen;
+  std::set<std::string> own;
+  if (seen == nullptr) seen = &own;
   for (const Role& role : program.roles) {
     const Graph& g = program.GraphOf(role);
     const GraphIndex index = GraphIndex::Build(g);
@@ -167,7 +168,7 @@ Result<std::vector<KernelSample>> ProfileKernels(const Program& program, const C
     for (const Op& op : g.ops) {
       if (op.kind != OpKind::kCompute) continue;
       const std::string sig = ProfileDb::Signature(op, ctx, cluster);
-      if (!seen.insert(sig).second) continue;
+      if (!seen->insert(sig).second) continue;
       Result<KernelSample> s = TimeKernel(op, g, index, program.mesh, rank, options);
       if (!s.ok()) return Status::Error("program '" + program.name + "': " + s.status().message());
       s->signature = sig;
@@ -1105,6 +1106,35 @@ Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_tex
     out.push_back({signature, median, static_cast<int>(n)});
   }
   if (out.empty()) return Status::Error(source + ": no compute op events (is it a trace of `concerto run --trace`?)");
+  return out;
+}
+
+MergedProfile MergeProfiles(const std::vector<ProfileDb>& dbs) {
+  assert(!dbs.empty());
+  std::map<std::pair<std::string, std::string>, std::vector<double>> by_key;
+  for (const ProfileDb& db : dbs)
+    for (const auto& [key, duration_us] : db.entries()) by_key[key].push_back(duration_us);
+  MergedProfile out;
+  std::vector<double> spreads;
+  for (auto& [key, durations] : by_key) {
+    std::sort(durations.begin(), durations.end());
+    const size_t n = durations.size();
+    out.db.Add(key.first, key.second, n % 2 ? durations[n / 2] : (durations[n / 2 - 1] + durations[n / 2]) / 2);
+    if (n != dbs.size()) continue;
+    ++out.entries_in_all;
+    if (n < 2 || durations.front() <= 0) continue;
+    const double spread = durations.back() / durations.front();
+    spreads.push_back(spread);
+    if (spread > out.max_spread) {
+      out.max_spread = spread;
+      out.max_spread_signature = key.second;
+    }
+  }
+  if (!spreads.empty()) {
+    std::sort(spreads.begin(), spreads.end());
+    const size_t n = spreads.size();
+    out.median_spread = n % 2 ? spreads[n / 2] : (spreads[n / 2 - 1] + spreads[n / 2]) / 2;
+  }
   return out;
 }
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -373,6 +374,58 @@ TEST(FromTrace, ComputeDurationsOfARunTraceBecomeProfileEntries) {
   EXPECT_NE(bad.status().message().find("t.json: event"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("(a trace of another program?)"), std::string::npos) << bad.status().message();
   EXPECT_FALSE(DurationsFromTrace("{}", "t.json", sp.program, job->cost->cluster()).ok());
+}
+
+// Three rounds' databases of one machine: the merged entry is the median of
+// the rounds that hold it (matmul: 10, 14, 12 -> 12; add, held by two: (4 +
+// 6) / 2 = 5), and the spread (max / min) is over entries every round holds
+// (matmul 14 / 10 = 1.4 is the only one).
+TEST(MergeProfiles, PerEntryMedianAndSpread) {
+  ProfileDb a, b, c;
+  a.Add("cpu-local", "matmul|f32|x", 10);
+  b.Add("cpu-local", "matmul|f32|x", 14);
+  c.Add("cpu-local", "matmul|f32|x", 12);
+  a.Add("cpu-local", "add|f32|y", 4);
+  c.Add("cpu-local", "add|f32|y", 6);
+  b.Add("other", "matmul|f32|x", 99);
+  const MergedProfile m = MergeProfiles({a, b, c});
+  EXPECT_DOUBLE_EQ(m.db.Lookup("cpu-local", "matmul|f32|x"), 12);
+  EXPECT_DOUBLE_EQ(m.db.Lookup("cpu-local", "add|f32|y"), 5);
+  EXPECT_DOUBLE_EQ(m.db.Lookup("other", "matmul|f32|x"), 99);
+  EXPECT_EQ(m.db.size(), 3u);
+  EXPECT_EQ(m.entries_in_all, 1);
+  EXPECT_DOUBLE_EQ(m.median_spread, 1.4);
+  EXPECT_DOUBLE_EQ(m.max_spread, 1.4);
+  EXPECT_EQ(m.max_spread_signature, "matmul|f32|x");
+}
+
+TEST(MergeProfiles, OneDatabaseIsItself) {
+  ProfileDb a;
+  a.Add("cpu-local", "k", 7);
+  const MergedProfile m = MergeProfiles({a});
+  EXPECT_DOUBLE_EQ(m.db.Lookup("cpu-local", "k"), 7);
+  EXPECT_EQ(m.entries_in_all, 1);
+  EXPECT_DOUBLE_EQ(m.max_spread, 1);
+}
+
+// A program's kernels timed once even when two programs share them.
+TEST(ProfileKernels, SeenSignaturesAreSkipped) {
+  Result<std::vector<Program>> programs = DefaultProfilePrograms();
+  ASSERT_TRUE(programs.ok()) << programs.status().message();
+  ClusterSpec shape;
+  shape.name = shape.device.name = "cpu-local";
+  shape.nodes = 1;
+  shape.devices_per_node = 2;
+  KernelProfileOptions quick;
+  quick.min_time_s = 0;
+  quick.min_reps = quick.max_reps = 1;
+  std::set<std::string> seen;
+  Result<std::vector<KernelSample>> first = ProfileKernels(programs->front(), shape, quick, &seen);
+  ASSERT_TRUE(first.ok()) << first.status().message();
+  EXPECT_EQ(seen.size(), first->size());
+  Result<std::vector<KernelSample>> again = ProfileKernels(programs->front(), shape, quick, &seen);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->empty());
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "concerto/cost/cluster.h"
 #include "concerto/util/json_text.h"
@@ -594,7 +595,7 @@ int CmdRun(const RunFlags& rf, const CommonFlags& flags) {
 
 // ---- profile ----
 struct ProfileFlags {
-  std::string program;
+  std::vector<std::string> programs;  // --program: one, or several with --kernels-only
   std::string from_trace;  // --from-trace: no measurement, the run's durations
   std::string cluster;     // --from-trace: the cluster the run was scheduled on
   std::string base;        // --from-trace: the profile database it updates
@@ -604,8 +605,52 @@ struct ProfileFlags {
   int64_t max_bytes = 16 << 20;
   int reps = 5;
   bool no_corun = false;  // --no-corun: the cluster's corun_slowdown 0 (measured and reported all the same)
+  bool kernels_only = false;       // --kernels-only: the program's kernels, nothing else
+  std::vector<std::string> merge;  // --merge: per-entry median of these databases
   bool json = false;
 };
+
+/// Measured durations written over --profile's entries (when given) into
+/// OUT_DIR/profile.json: what --from-trace and --kernels-only produce.
+struct ProfileUpdate {
+  ProfileDb db;
+  std::string path;  // the file written
+  int replaced = 0, added = 0;
+  nlohmann::json changes = nlohmann::json::array();  // per signature: measured_us, before_us
+};
+
+Result<ProfileUpdate> UpdateProfile(const ProfileFlags& pf, const std::string& device,
+                                    const std::vector<TraceSample>& measured) {
+  ProfileUpdate u;
+  if (!pf.base.empty()) {
+    Result<ProfileDb> base = ProfileDb::Read(pf.base);
+    if (!base.ok()) return base.status();
+    u.db = std::move(base).value();
+  }
+  for (const TraceSample& t : measured) {
+    const double before = u.db.Lookup(device, t.signature);
+    (before >= 0 ? u.replaced : u.added) += 1;
+    u.changes.push_back({{"signature", t.signature}, {"measured_us", t.median_us}, {"ops", t.count},
+                         {"before_us", before >= 0 ? nlohmann::json(before) : nlohmann::json(nullptr)}});
+    u.db.Add(device, t.signature, t.median_us);
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(pf.out_dir, ec);
+  if (ec) return Status::Error(pf.out_dir + ": " + ec.message());
+  u.path = pf.out_dir + "/profile.json";
+  if (Status st = WriteTextFile(u.path, u.db.Write()); !st.ok()) return st;
+  return u;
+}
+
+/// The signature context of `concerto profile`: one node of `ranks` cpu-local devices.
+ClusterSpec CpuLocalShape(int ranks) {
+  ClusterSpec shape;
+  shape.name = "cpu-local";
+  shape.device.name = "cpu-local";
+  shape.nodes = 1;
+  shape.devices_per_node = ranks;
+  return shape;
+}
 
 /// `concerto profile`: times kernels here and collectives over MPI (or
 /// FakeWorld), fits the cpu-local cluster, writes both files.
@@ -613,12 +658,12 @@ struct ProfileFlags {
 /// measured (its --trace) written into a profile database, over `--profile`'s
 /// entries when given (docs/runtime.md, "Closing the loop").
 int CmdProfileFromTrace(const ProfileFlags& pf) {
-  if (pf.program.empty() || pf.cluster.empty()) {
+  if (pf.programs.size() != 1 || pf.cluster.empty()) {
     std::fprintf(stderr, "concerto profile --from-trace: needs --program (the program the run executed, "
                          "run --write-program) and --cluster (the cluster it was scheduled on)\n");
     return kExitUsage;
   }
-  Result<Program> program = ReadProgramFile(pf.program);
+  Result<Program> program = ReadProgramFile(pf.programs[0]);
   if (!program.ok()) return Fail(program.status());
   Result<ClusterSpec> cluster = LoadCluster(pf.cluster);
   if (!cluster.ok()) return Fail(cluster.status());
@@ -626,49 +671,116 @@ int CmdProfileFromTrace(const ProfileFlags& pf) {
   if (!text.ok()) return Fail(text.status());
   Result<std::vector<TraceSample>> samples = DurationsFromTrace(*text, pf.from_trace, *program, *cluster);
   if (!samples.ok()) return Fail(samples.status());
-  ProfileDb db;
-  if (!pf.base.empty()) {
-    Result<ProfileDb> base = ProfileDb::Read(pf.base);
-    if (!base.ok()) return Fail(base.status());
-    db = std::move(base).value();
-  }
-  int replaced = 0, added = 0, ops = 0;
-  nlohmann::json changes = nlohmann::json::array();
-  for (const TraceSample& t : *samples) {
-    const double before = db.Lookup(cluster->device.name, t.signature);
-    (before >= 0 ? replaced : added) += 1;
-    ops += t.count;
-    changes.push_back({{"signature", t.signature}, {"measured_us", t.median_us}, {"ops", t.count},
-                       {"before_us", before >= 0 ? nlohmann::json(before) : nlohmann::json(nullptr)}});
-    db.Add(cluster->device.name, t.signature, t.median_us);
-  }
-  std::error_code ec;
-  std::filesystem::create_directories(pf.out_dir, ec);
-  if (ec) return Fail(Status::Error(pf.out_dir + ": " + ec.message()));
-  const std::string out = pf.out_dir + "/profile.json";
-  if (Status st = WriteTextFile(out, db.Write()); !st.ok()) return Fail(st);
+  Result<ProfileUpdate> u = UpdateProfile(pf, cluster->device.name, *samples);
+  if (!u.ok()) return Fail(u.status());
+  int ops = 0;
+  for (const TraceSample& t : *samples) ops += t.count;
   if (pf.json) {
-    std::cout << DumpJson(nlohmann::json{{"from_trace", pf.from_trace}, {"profile", out}, {"device", cluster->device.name},
-                           {"signatures", samples->size()}, {"ops", ops}, {"replaced", replaced}, {"added", added},
-                           {"entries", db.size()}, {"changes", changes}}, 2)
+    std::cout << DumpJson(nlohmann::json{{"from_trace", pf.from_trace}, {"profile", u->path},
+                                         {"device", cluster->device.name}, {"signatures", samples->size()},
+                                         {"ops", ops}, {"replaced", u->replaced}, {"added", u->added},
+                                         {"entries", u->db.size()}, {"changes", u->changes}},
+                          2)
               << "\n";
   } else {
     std::cout << fmt::format("{}: {} compute ops in {} signatures measured inside the run; {} entries replaced, {} "
                              "added; {} written ({} entries for '{}')\n",
-                             pf.from_trace, ops, samples->size(), replaced, added, out, db.size(),
+                             pf.from_trace, ops, samples->size(), u->replaced, u->added, u->path, u->db.size(),
                              cluster->device.name);
+  }
+  return 0;
+}
+
+/// `concerto profile --kernels-only`: the program's compute kernels timed
+/// again (nothing else: no collectives, no fits, no cluster file), written
+/// over --profile's entries. The testbed times them once per round between
+/// its runs (docs/runtime.md, "The testbed").
+int CmdProfileKernelsOnly(const ProfileFlags& pf) {
+  if (pf.programs.empty()) {
+    std::fprintf(stderr, "concerto profile --kernels-only: needs --program (the programs whose kernels to time)\n");
+    return kExitUsage;
+  }
+  std::vector<TraceSample> measured;
+  std::set<std::string> seen;  // a signature in several programs is timed once
+  for (const std::string& path : pf.programs) {
+    Result<Program> program = ReadProgramFile(path);
+    if (!program.ok()) return Fail(program.status());
+    Progress("timing the compute kernels of '" + program->name + "' (" + path + ")");
+    Result<std::vector<KernelSample>> kernels =
+        ProfileKernels(*program, CpuLocalShape(std::max(2, program->mesh.NumRanks())), {}, &seen);
+    if (!kernels.ok()) return Fail(kernels.status());
+    for (const KernelSample& k : *kernels) measured.push_back({k.signature, k.time_us, k.reps});
+  }
+  const std::string device = CpuLocalShape(2).device.name;
+  Result<ProfileUpdate> u = UpdateProfile(pf, device, measured);
+  if (!u.ok()) return Fail(u.status());
+  if (pf.json) {
+    std::cout << DumpJson(nlohmann::json{{"programs", pf.programs}, {"profile", u->path}, {"device", device},
+                                         {"kernels", measured.size()}, {"replaced", u->replaced},
+                                         {"added", u->added}, {"entries", u->db.size()}, {"changes", u->changes}},
+                          2)
+              << "\n";
+  } else {
+    std::cout << fmt::format("{} kernels of {} program(s) timed; {} entries replaced, {} added; {} written ({} "
+                             "entries)\n",
+                             measured.size(), pf.programs.size(), u->replaced, u->added, u->path, u->db.size());
+  }
+  return 0;
+}
+
+/// `concerto profile --merge A B ...`: one database, each entry the median
+/// of the given databases (MergeProfiles), and how far apart they were.
+int CmdProfileMerge(const ProfileFlags& pf) {
+  if (pf.merge.size() < 2) {
+    std::fprintf(stderr, "concerto profile --merge: needs at least two profile databases, got %zu\n",
+                 pf.merge.size());
+    return kExitUsage;
+  }
+  std::vector<ProfileDb> dbs;
+  for (const std::string& path : pf.merge) {
+    Result<ProfileDb> db = ProfileDb::Read(path);
+    if (!db.ok()) return Fail(db.status());
+    dbs.push_back(std::move(db).value());
+  }
+  const MergedProfile merged = MergeProfiles(dbs);
+  std::error_code ec;
+  std::filesystem::create_directories(pf.out_dir, ec);
+  if (ec) return Fail(Status::Error(pf.out_dir + ": " + ec.message()));
+  const std::string out = pf.out_dir + "/profile.json";
+  if (Status st = WriteTextFile(out, merged.db.Write()); !st.ok()) return Fail(st);
+  if (pf.json) {
+    std::cout << DumpJson(nlohmann::json{{"merged", pf.merge}, {"profile", out}, {"entries", merged.db.size()},
+                                         {"entries_in_all", merged.entries_in_all},
+                                         {"median_spread", merged.median_spread},
+                                         {"max_spread", merged.max_spread},
+                                         {"max_spread_signature", merged.max_spread_signature}},
+                          2)
+              << "\n";
+  } else {
+    std::cout << fmt::format("{} databases merged (per entry the median): {} entries, {} in every one; max/min "
+                             "over the databases: median {:.3f}, largest {:.3f} ({}); {} written\n",
+                             pf.merge.size(), merged.db.size(), merged.entries_in_all, merged.median_spread,
+                             merged.max_spread,
+                             merged.max_spread_signature.empty() ? "-" : merged.max_spread_signature, out);
   }
   return 0;
 }
 
 int CmdProfile(const ProfileFlags& pf) {
   if (!pf.from_trace.empty()) return CmdProfileFromTrace(pf);
+  if (pf.kernels_only) return CmdProfileKernelsOnly(pf);
+  if (!pf.merge.empty()) return CmdProfileMerge(pf);
+  if (pf.programs.size() > 1) {
+    std::fprintf(stderr, "concerto profile: several --program only with --kernels-only (got %zu)\n",
+                 pf.programs.size());
+    return kExitUsage;
+  }
   // The built-in shapes always run (they make the fits well posed); a
   // program's own kernels come first and get exact database entries.
   std::vector<Program> programs;
   std::unique_ptr<Program> program;
-  if (!pf.program.empty()) {
-    Result<Program> p = ReadProgramFile(pf.program);
+  if (!pf.programs.empty()) {
+    Result<Program> p = ReadProgramFile(pf.programs[0]);
     if (!p.ok()) return Fail(p.status());
     program = std::make_unique<Program>(*p);
     programs.push_back(*p);
@@ -679,11 +791,7 @@ int CmdProfile(const ProfileFlags& pf) {
   const int ranks = pf.ranks > 0 ? pf.ranks : program ? program->mesh.NumRanks() : 2;
   if (ranks < 2) return Fail(Status::Error("profiling collectives needs at least 2 ranks (--ranks)"));
   const std::string device = "cpu-local";
-  ClusterSpec shape;  // the signature context: one node of `ranks` devices
-  shape.name = "cpu-local";
-  shape.device.name = device;
-  shape.nodes = 1;
-  shape.devices_per_node = ranks;
+  const ClusterSpec shape = CpuLocalShape(ranks);  // the signature context
   std::error_code ec;
   std::filesystem::create_directories(pf.out_dir, ec);
   if (ec) return Fail(Status::Error(pf.out_dir + ": " + ec.message()));
@@ -967,17 +1075,32 @@ int RealMain(int argc, char** argv) {
 
   ProfileFlags pf;
   auto* profile = app.add_subcommand("profile", "measure this machine's kernels and collectives; write a profile database and a cpu-local cluster");
-  profile->add_option("--program", pf.program, "profile the ops of this program (default: a built-in set of shapes)");
+  profile->add_option("--program", pf.programs,
+                      "profile the ops of this program (default: a built-in set of shapes); several with "
+                      "--kernels-only (each distinct kernel timed once)");
   profile->add_option("--out-dir", pf.out_dir, "where to write profile.json and cpu-local.json")->capture_default_str();
   profile->add_option("--ranks", pf.ranks, "ranks for the collectives (default: the program's, else 2)")->check(CLI::Range(2, 1024));
   profile->add_flag("--in-process", pf.in_process, "time collectives over threads (FakeWorld) instead of MPI processes");
   profile->add_option("--max-bytes", pf.max_bytes, "largest collective size in the sweep, and of the one-way transfers that tell ports from a bus [bytes]")->capture_default_str()->check(CLI::Range(int64_t{4096}, int64_t{1} << 32));
   profile->add_option("--reps", pf.reps, "timed repetitions per collective")->capture_default_str()->check(CLI::Range(1, 1000));
-  profile->add_option("--from-trace", pf.from_trace,
-                      "measure nothing: write the compute durations of a run's trace (concerto run --trace) into "
-                      "OUT_DIR/profile.json (needs --program, the program the run executed, and --cluster)");
+  auto* from_trace = profile->add_option(
+      "--from-trace", pf.from_trace,
+      "measure nothing: write the compute durations of a run's trace (concerto run --trace) into "
+      "OUT_DIR/profile.json (needs --program, the program the run executed, and --cluster)");
+  auto* kernels_only = profile->add_flag(
+      "--kernels-only", pf.kernels_only,
+      "time only the compute kernels of --program (no collectives, no fits, no cluster file) and write them into "
+      "OUT_DIR/profile.json; the testbed does this between its runs");
+  profile->add_option("--merge", pf.merge,
+                      "measure nothing: write OUT_DIR/profile.json with each entry the median of these profile "
+                      "databases (profiles of one machine taken at different times) and report how far apart they "
+                      "were")
+      ->excludes(from_trace)
+      ->excludes(kernels_only);
+  kernels_only->excludes(from_trace);
   profile->add_option("--cluster", pf.cluster, "--from-trace: the cluster preset or file the run was scheduled on");
-  profile->add_option("--profile", pf.base, "--from-trace: the profile database to update (its other entries are kept)");
+  profile->add_option("--profile", pf.base,
+                      "--from-trace, --kernels-only: the profile database to update (its other entries are kept)");
   profile->add_flag("--no-corun", pf.no_corun,
                     "write corun_slowdown, corun_slowdown_memory and comm_corun_slowdown 0 into the cluster "
                     "(default: as measured: the interference kernels' time while every rank computes over rank 0's "

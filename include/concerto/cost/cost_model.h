@@ -126,6 +126,8 @@ class ProfileDb {
   /// Duration, or negative when absent.
   double Lookup(const std::string& device, const std::string& signature) const;
   size_t size() const { return entries_.size(); }
+  /// Every entry, (device, signature) -> duration [us], in key order.
+  const std::map<std::pair<std::string, std::string>, double>& entries() const { return entries_; }
 
   static Result<ProfileDb> Read(const std::string& path);
   std::string Write() const;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -40,10 +41,12 @@ struct KernelProfileOptions {
 /// `program`, on the role's first rank's shard, with the runtime's kernels
 /// (RunKernel) on synthetic inputs (floats in [0.01, 0.5), integer tensors
 /// 0). `cluster` gives the signature's device context. Sets OpenBLAS to
-/// one thread (process-wide), as a run uses. Errors: an op the runtime
-/// cannot run.
+/// one thread (process-wide), as a run uses. `seen` (optional): signatures
+/// already timed, skipped; the ones timed here are added. Errors: an op the
+/// runtime cannot run.
 Result<std::vector<KernelSample>> ProfileKernels(const Program& program, const ClusterSpec& cluster,
-                                                 const KernelProfileOptions& options = {});
+                                                 const KernelProfileOptions& options = {},
+                                                 std::set<std::string>* seen = nullptr);
 
 /// The shapes profiled when no program is given: square and skinny matmuls
 /// (64 to 1024) and two small f32 GPT decoders (hidden 256 / sequence 64
@@ -312,5 +315,23 @@ struct TraceSample {
 /// id `program` does not have, an event whose name differs from its op's.
 Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_text, const std::string& source,
                                                     const Program& program, const ClusterSpec& cluster);
+
+/// Several profile databases of one machine taken at different times
+/// (`concerto profile --merge`; the testbed's rounds) made one.
+struct MergedProfile {
+  ProfileDb db;               // per (device, signature): the median over the databases that hold it
+  int entries_in_all = 0;     // entries every database holds
+  double median_spread = 1;   // over those entries: max / min of their durations, the median ...
+  double max_spread = 1;      // ... and the largest (1 when fewer than two databases hold an entry)
+  std::string max_spread_signature;  // the entry with the largest spread
+};
+
+/// The per-entry median of `dbs` (the mean of the two middle durations for
+/// an even count): a kernel timed once per round between the runs of a
+/// long measurement is priced at its typical speed over the whole window,
+/// not at the speed of one moment. Entries held by only some databases get
+/// the median of those. A zero duration makes no spread. Needs at least
+/// one database.
+MergedProfile MergeProfiles(const std::vector<ProfileDb>& dbs);
 
 }  // namespace concerto
