@@ -110,8 +110,8 @@ rm -rf "$OUT"/round-*
 echo "testbed: load average before the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for ((r = 1; r <= ROUNDS; r++)); do
   echo "testbed: round $r of $ROUNDS: kernels, then ${#scheds[@]} schedules" >&2
-  "$CONCERTO" profile --kernels-only --program "${programs[@]}" --profile "$OUT/profile.json" \
-    --out-dir "$OUT/round-$r" --json > "$OUT/round-$r.kernels.json"
+  "$CONCERTO" profile --kernels-only --program "${programs[@]}" --out-dir "$OUT/round-$r" \
+    --json > "$OUT/round-$r.kernels.json"
   n=${#scheds[@]}
   for ((i = 0; i < n; i++)); do
     s=${scheds[$(( (i + r - 1) % n ))]}
@@ -124,11 +124,8 @@ done
 echo "testbed: load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 round_dbs=()
 for ((r = 1; r <= ROUNDS; r++)); do round_dbs+=("$OUT/round-$r/profile.json"); done
-if ((ROUNDS >= 2)); then
-  "$CONCERTO" profile --merge "${round_dbs[@]}" --out-dir "$OUT/rounds" --json > "$OUT/rounds.merge.json"
-else
-  mkdir -p "$OUT/rounds" && cp "${round_dbs[0]}" "$OUT/rounds/profile.json"
-fi
+"$CONCERTO" profile --merge "${round_dbs[@]}" --profile "$OUT/profile.json" --out-dir "$OUT/rounds" \
+  --json > "$OUT/rounds.merge.json"
 rows=()
 for s in "${scheds[@]}"; do
   python3 "$(dirname "$0")/testbed_summary.py" --combine-rounds "$OUT/$s.measured.json" "$OUT/$s".round-*.measured.json
@@ -139,7 +136,7 @@ for s in "${scheds[@]}"; do
     -v p="$(field "$OUT/$s.simulated.json" makespan_us)" -v q="$(field "$OUT/$s.resimulated.json" makespan_us)" \
     'BEGIN { printf "%-12s %12.1f %10.1f %10.1f %14.1f %14.1f", s, m / 1e3, lo / 1e3, hi / 1e3, p / 1e3, q / 1e3 }')")
 done
-echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), co-run slowdown $(field "$OUT/cpu-local.json" corun_slowdown), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us; kernels over the rounds: max/min median $(field "$OUT/rounds.merge.json" median_spread 2>/dev/null || echo -)" >&2
+echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), co-run slowdown $(field "$OUT/cpu-local.json" corun_slowdown), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us; kernels over the rounds: max/min median $(field "$OUT/rounds.merge.json" median_spread), largest $(field "$OUT/rounds.merge.json" max_spread)" >&2
 echo "=== $PLAN"
 printf '%-12s %12s %10s %10s %14s %14s\n' scheduler median_ms min_ms max_ms sim_first_ms sim_rounds_ms
 printf '%s\n' "${rows[@]}"

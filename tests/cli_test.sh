@@ -172,8 +172,9 @@ check kernels_only_again 0 "$BIN" profile --kernels-only --program "$EX" --profi
 check merge_profiles 0 "$BIN" profile --merge "$TMP/prof/profile.json" "$TMP/k1/profile.json" "$TMP/k2/profile.json" --out-dir "$TMP/km" --json
 contains merge_profiles_spread "$TMP/out" '"median_spread"'
 check merge_profiles_loads 0 "$BIN" simulate "$EX" --cluster "$TMP/prof/cpu-local.json" --profile "$TMP/km/profile.json" --json
-check merge_needs_two 2 "$BIN" profile --merge "$TMP/prof/profile.json" --out-dir "$TMP/km"
-contains merge_needs_two_message "$TMP/err" "needs at least two profile databases, got 1"
+check merge_over_base 0 "$BIN" profile --merge "$TMP/k1/profile.json" --profile "$TMP/prof/profile.json" --out-dir "$TMP/kb" --json
+contains merge_over_base_keeps_entries "$TMP/out" '"entries_in_all"'
+check merge_needs_a_file 2 "$BIN" profile --out-dir "$TMP/km" --merge
 check merge_bad_file 1 "$BIN" profile --merge "$TMP/prof/profile.json" "$TMP/none.json" --out-dir "$TMP/km"
 contains merge_bad_file_message "$TMP/err" "none.json"
 check merge_excludes_kernels_only 2 "$BIN" profile --merge "$TMP/prof/profile.json" "$TMP/k1/profile.json" --kernels-only --program "$EX"

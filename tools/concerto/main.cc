@@ -729,13 +729,9 @@ int CmdProfileKernelsOnly(const ProfileFlags& pf) {
 }
 
 /// `concerto profile --merge A B ...`: one database, each entry the median
-/// of the given databases (MergeProfiles), and how far apart they were.
+/// of the given databases (MergeProfiles), written over --profile's
+/// entries when given, and how far apart the databases were.
 int CmdProfileMerge(const ProfileFlags& pf) {
-  if (pf.merge.size() < 2) {
-    std::fprintf(stderr, "concerto profile --merge: needs at least two profile databases, got %zu\n",
-                 pf.merge.size());
-    return kExitUsage;
-  }
   std::vector<ProfileDb> dbs;
   for (const std::string& path : pf.merge) {
     Result<ProfileDb> db = ProfileDb::Read(path);
@@ -743,25 +739,39 @@ int CmdProfileMerge(const ProfileFlags& pf) {
     dbs.push_back(std::move(db).value());
   }
   const MergedProfile merged = MergeProfiles(dbs);
+  ProfileDb db;
+  if (!pf.base.empty()) {
+    Result<ProfileDb> base = ProfileDb::Read(pf.base);
+    if (!base.ok()) return Fail(base.status());
+    db = std::move(base).value();
+  }
+  int replaced = 0;
+  for (const auto& [key, duration_us] : merged.db.entries()) {
+    replaced += db.Lookup(key.first, key.second) >= 0;
+    db.Add(key.first, key.second, duration_us);
+  }
   std::error_code ec;
   std::filesystem::create_directories(pf.out_dir, ec);
   if (ec) return Fail(Status::Error(pf.out_dir + ": " + ec.message()));
   const std::string out = pf.out_dir + "/profile.json";
-  if (Status st = WriteTextFile(out, merged.db.Write()); !st.ok()) return Fail(st);
+  if (Status st = WriteTextFile(out, db.Write()); !st.ok()) return Fail(st);
   if (pf.json) {
-    std::cout << DumpJson(nlohmann::json{{"merged", pf.merge}, {"profile", out}, {"entries", merged.db.size()},
+    std::cout << DumpJson(nlohmann::json{{"merged", pf.merge}, {"profile", out}, {"merged_entries", merged.db.size()},
                                          {"entries_in_all", merged.entries_in_all},
                                          {"median_spread", merged.median_spread},
                                          {"max_spread", merged.max_spread},
-                                         {"max_spread_signature", merged.max_spread_signature}},
+                                         {"max_spread_signature", merged.max_spread_signature},
+                                         {"replaced", replaced}, {"entries", db.size()}},
                           2)
               << "\n";
   } else {
     std::cout << fmt::format("{} databases merged (per entry the median): {} entries, {} in every one; max/min "
-                             "over the databases: median {:.3f}, largest {:.3f} ({}); {} written\n",
+                             "over the databases: median {:.3f}, largest {:.3f} ({}); {} replaced in the base; {} "
+                             "written ({} entries)\n",
                              pf.merge.size(), merged.db.size(), merged.entries_in_all, merged.median_spread,
                              merged.max_spread,
-                             merged.max_spread_signature.empty() ? "-" : merged.max_spread_signature, out);
+                             merged.max_spread_signature.empty() ? "-" : merged.max_spread_signature, replaced, out,
+                             db.size());
   }
   return 0;
 }
@@ -1093,14 +1103,14 @@ int RealMain(int argc, char** argv) {
       "OUT_DIR/profile.json; the testbed does this between its runs");
   profile->add_option("--merge", pf.merge,
                       "measure nothing: write OUT_DIR/profile.json with each entry the median of these profile "
-                      "databases (profiles of one machine taken at different times) and report how far apart they "
-                      "were")
+                      "databases (profiles of one machine taken at different times; over --profile's entries when "
+                      "given) and report how far apart they were")
       ->excludes(from_trace)
       ->excludes(kernels_only);
   kernels_only->excludes(from_trace);
   profile->add_option("--cluster", pf.cluster, "--from-trace: the cluster preset or file the run was scheduled on");
   profile->add_option("--profile", pf.base,
-                      "--from-trace, --kernels-only: the profile database to update (its other entries are kept)");
+                      "--from-trace, --kernels-only, --merge: the profile database to update (its other entries are kept)");
   profile->add_flag("--no-corun", pf.no_corun,
                     "write corun_slowdown, corun_slowdown_memory and comm_corun_slowdown 0 into the cluster "
                     "(default: as measured: the interference kernels' time while every rank computes over rank 0's "
