@@ -17,14 +17,17 @@
 #     steps on buffers initialised once), in an order rotated by one each round,
 #     so a machine whose speed drifts (this shared 2-vCPU one: up to 58% within
 #     two hours) drifts under every scheduler and under the kernel timings alike;
-#  4. merges the rounds' kernel timings (`profile --merge`: per kernel the
-#     median) and simulates each schedule again on them (`simulate --schedule`).
-# Prints one row per scheduler and workload (measured median, min and max over
-# every round's iterations, the prediction on the profile taken first, the one
-# on the kernels timed between the runs), the load average before and after,
-# then the summary (scripts/testbed_summary.py: error per cell for both
-# predictions, cells within 10%, the ranking check, compute ratios;
-# OUT/testbed.json). About 15 minutes per workload with the defaults on 2 cores.
+#  4. simulates each schedule again (`simulate --schedule`) on each round's
+#     kernels (over the first profile's collectives) and on every round's
+#     merged (`profile --merge`: per kernel the median).
+# Prints per workload and scheduler the measured median, min and max over
+# every round's iterations beside three predictions: `first` (the profile
+# taken before the schedules), `per_round` (each round's runs on the kernels
+# timed just before them; the median over the rounds) and `merged`, with
+# the error of each (scripts/testbed_summary.py; then the summary over all
+# workloads: cells within 10%, the ranking check, compute ratios;
+# OUT/testbed.json), and the load average before and after. About 5 minutes
+# per workload with the defaults on 2 cores.
 # The namespace is removed on every exit (normal, error, Ctrl-C, kill).
 #
 # usage: scripts/testbed.sh [BUILD_DIR]     (env: RATE=1gbit BURST=256kb LATENCY=50ms
@@ -105,7 +108,7 @@ for s in "${scheds[@]}"; do
     "${extra[@]}" --json > "$OUT/$s.simulated.json"
   programs+=("$OUT/$s.program.json")
 done
-rm -f "$OUT"/*.round-*.measured.json "$OUT"/*.round-*.trace.json
+rm -f "$OUT"/*.round-*.json "$OUT"/*.merged.simulated.json
 rm -rf "$OUT"/round-*
 echo "testbed: load average before the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 for ((r = 1; r <= ROUNDS; r++)); do
@@ -123,25 +126,28 @@ for ((r = 1; r <= ROUNDS; r++)); do
 done
 echo "testbed: load average after the runs: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 round_dbs=()
-for ((r = 1; r <= ROUNDS; r++)); do round_dbs+=("$OUT/round-$r/profile.json"); done
+for ((r = 1; r <= ROUNDS; r++)); do
+  round_dbs+=("$OUT/round-$r/profile.json")
+  # This round's kernels over the first profile's other entries (collectives).
+  "$CONCERTO" profile --merge "$OUT/round-$r/profile.json" --profile "$OUT/profile.json" \
+    --out-dir "$OUT/round-$r/full" > /dev/null
+done
 "$CONCERTO" profile --merge "${round_dbs[@]}" --profile "$OUT/profile.json" --out-dir "$OUT/rounds" \
   --json > "$OUT/rounds.merge.json"
-rows=()
 for s in "${scheds[@]}"; do
   python3 "$(dirname "$0")/testbed_summary.py" --combine-rounds "$OUT/$s.measured.json" "$OUT/$s".round-*.measured.json
-  "$CONCERTO" simulate "$OUT/$s.program.json" --schedule "$OUT/$s.schedule.json" --cluster "$OUT/cpu-local.json" \
-    --profile "$OUT/rounds/profile.json" --json > "$OUT/$s.resimulated.json"
-  rows+=("$(awk -v s="$s" -v m="$(field "$OUT/$s.measured.json" median_iteration_us)" \
-    -v lo="$(field "$OUT/$s.measured.json" min_iteration_us)" -v hi="$(field "$OUT/$s.measured.json" max_iteration_us)" \
-    -v p="$(field "$OUT/$s.simulated.json" makespan_us)" -v q="$(field "$OUT/$s.resimulated.json" makespan_us)" \
-    'BEGIN { printf "%-12s %12.1f %10.1f %10.1f %14.1f %14.1f", s, m / 1e3, lo / 1e3, hi / 1e3, p / 1e3, q / 1e3 }')")
+  simulate_on() {
+    "$CONCERTO" simulate "$OUT/$s.program.json" --schedule "$OUT/$s.schedule.json" --cluster "$OUT/cpu-local.json" \
+      --profile "$1" --json > "$2" 2>> "$OUT/simulate.log"
+  }
+  for ((r = 1; r <= ROUNDS; r++)); do simulate_on "$OUT/round-$r/full/profile.json" "$OUT/$s.round-$r.simulated.json"; done
+  simulate_on "$OUT/rounds/profile.json" "$OUT/$s.merged.simulated.json"
 done
 echo "testbed: fitted interference $(field "$OUT/cpu-local.json" interference), co-run slowdown $(field "$OUT/cpu-local.json" corun_slowdown), link $(field "$OUT/profile.summary.json" link_bandwidth_gbps) GB/s, alpha $(field "$OUT/profile.summary.json" link_latency_us) us; kernels over the rounds: max/min median $(field "$OUT/rounds.merge.json" median_spread), largest $(field "$OUT/rounds.merge.json" max_spread)" >&2
 echo "=== $PLAN"
-printf '%-12s %12s %10s %10s %14s %14s\n' scheduler median_ms min_ms max_ms sim_first_ms sim_rounds_ms
-printf '%s\n' "${rows[@]}"
+python3 "$(dirname "$0")/testbed_summary.py" "$OUT_ROOT" "$tag=$PLAN"
 done
 
 echo
 python3 "$(dirname "$0")/testbed_summary.py" "$OUT_ROOT" "${summary_args[@]}"
-echo "testbed: files in $OUT_ROOT/<workload>/ (per scheduler: .simulated.json (profile first), .resimulated.json (kernels of the rounds), .measured.json (every round), .round-R.measured.json and .round-R.trace.json; round-R/ and rounds/: the kernel timings); summary in $OUT_ROOT/testbed.json" >&2
+echo "testbed: files in $OUT_ROOT/<workload>/ (per scheduler: .simulated.json (the first profile), .round-R.simulated.json (round R's kernels), .merged.simulated.json (every round's kernels), .measured.json (every round), .round-R.measured.json and .round-R.trace.json; round-R/ and rounds/: the kernel timings); summary in $OUT_ROOT/testbed.json" >&2

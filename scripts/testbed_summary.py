@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """The testbed's summary (scripts/testbed.sh): per workload and scheduler the
-measured median (min-max over every round's iterations) beside two
-predictions and their errors: `first`, on the profile taken before the
-schedules were made (what the schedulers saw), and `rounds`, the same
-schedule simulated again on the kernels timed once per round between the
-runs (per kernel the median over the rounds: the machine's speed over the
-window the runs were measured in). Then the cells within 10% and the ranking
-check (pairs whose measured ranges do not overlap, in the measured order?)
-for both, and per cell the compute ratio: the measured compute-stream busy
-time over the simulated one (report rank, `rounds` prediction). A ratio far
-from 1 says the kernels themselves ran slower or faster than timed and the
-co-run model predicted, apart from what the schedule model gets wrong. Also
-writes OUT/testbed.json.
+measured median (min-max over every round's iterations) beside three
+predictions of the same schedule and their errors:
+  first      on the profile taken before the schedules were made (what the
+             schedulers saw), minutes to a quarter of an hour before the runs;
+  per_round  each round's runs predicted on the kernels timed just before
+             them (the median over the rounds of those predictions): a
+             profile taken first, seconds before what it predicts;
+  merged     on the kernels of every round merged (per kernel the median):
+             the machine's typical speed over the window the runs span.
+Then the cells within 10% and the ranking check (pairs whose measured ranges
+do not overlap, in the measured order?) for each, and per cell the compute
+ratio: the measured compute-stream busy time over the simulated one (report
+rank, the last prediction). A ratio far from 1 says the kernels themselves ran
+slower or faster than timed and the co-run model predicted, apart from what the
+schedule model gets wrong. Also writes OUT/testbed.json.
 
 usage: testbed_summary.py OUT TAG=PLAN [TAG=PLAN ...]
        testbed_summary.py --combine-rounds OUT.json ROUND.json [ROUND.json ...]
@@ -19,6 +22,7 @@ usage: testbed_summary.py OUT TAG=PLAN [TAG=PLAN ...]
           every iteration, their median, min and max, and the compute and
           communication busy time of the median round)
 """
+import glob
 import itertools
 import json
 import os
@@ -63,7 +67,8 @@ def combine_rounds(out, paths):
         json.dump(combined, f, indent=1)
 
 
-PREDICTIONS = [("first", ".simulated.json"), ("rounds", ".resimulated.json")]
+PREDICTIONS = [("first", ".simulated.json"), ("per_round", ".round-*.simulated.json"),
+               ("merged", ".merged.simulated.json")]
 
 
 def ranking(cells, key):
@@ -104,13 +109,13 @@ def main():
                     "measured_max_ms": field(measured, "max_iteration_us") / 1e3}
             busy_measured = field(measured, "compute_busy_us")
             for name, suffix in PREDICTIONS:
-                path = os.path.join(d, s + suffix)
-                if not os.path.exists(path):
+                paths = sorted(glob.glob(os.path.join(glob.escape(d), glob.escape(s) + suffix)))
+                if not paths:
                     continue
-                sim = field(path, "makespan_us") / 1e3
+                sim = median([field(p, "makespan_us") for p in paths]) / 1e3
                 cell["simulated_%s_ms" % name] = sim
                 cell["error_%s" % name] = sim / cell["measured_median_ms"] - 1
-                busy = field(path, "compute_busy_us")
+                busy = median([field(p, "compute_busy_us") for p in paths])
                 cell["compute_ratio"] = busy_measured / busy if busy > 0 else 0.0
             cells.append(cell)
         w = {"workload": plan, "cells": len(cells)}
