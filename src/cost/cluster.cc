@@ -336,6 +336,7 @@ class ClusterFileReader {
         {"corun_slowdown", NumberField(&spec->corun_slowdown)},
         {"corun_slowdown_memory", NumberField(&spec->corun_slowdown_memory)},
         {"comm_corun_slowdown", NumberField(&spec->comm_corun_slowdown)},
+        {"comm_corun_latency_us", NumberField(&spec->comm_corun_latency_us)},
         {"topology", [&](const FileNode& n, const std::string& f) { return Map(n, f, topology_fields); }},
     };
     CONCERTO_RETURN_IF_ERROR(Map(root, "", top_fields));
@@ -555,6 +556,10 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
   if (!std::isfinite(spec.comm_corun_slowdown) || spec.comm_corun_slowdown < 0 || spec.comm_corun_slowdown > 10)
     return error("comm_corun_slowdown",
                  "must be a slowdown fraction in [0, 10], got " + FormatNumber(spec.comm_corun_slowdown));
+  if (!std::isfinite(spec.comm_corun_latency_us) || spec.comm_corun_latency_us < 0 ||
+      spec.comm_corun_latency_us > 1e7)
+    return error("comm_corun_latency_us",
+                 "must be a latency in [0, 1e7] us, got " + FormatNumber(spec.comm_corun_latency_us));
   if (spec.corun_slowdown_memory != -1 &&
       (!std::isfinite(spec.corun_slowdown_memory) || spec.corun_slowdown_memory < 0 || spec.corun_slowdown_memory > 10))
     return error("corun_slowdown_memory", "must be a slowdown fraction in [0, 10] (or absent: as corun_slowdown), got " +
@@ -605,6 +610,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
   j["corun_slowdown"] = spec.corun_slowdown;
   if (spec.corun_slowdown_memory >= 0) j["corun_slowdown_memory"] = spec.corun_slowdown_memory;
   j["comm_corun_slowdown"] = spec.comm_corun_slowdown;
+  if (spec.comm_corun_latency_us > 0) j["comm_corun_latency_us"] = spec.comm_corun_latency_us;
   const TopologySpec& t = spec.topology;
   j["topology"] = {{"intra_link", t.intra_link},
                    {"nics_per_node", t.nics_per_node},

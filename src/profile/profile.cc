@@ -712,6 +712,9 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   if (o.comm_bytes <= 0 || o.comm_bytes % 4 != 0)
     return Status::Error("interference: comm_bytes must be a positive multiple of 4, got " +
                          std::to_string(o.comm_bytes));
+  if (o.small_comm_bytes <= 0 || o.small_comm_bytes % 4 != 0)
+    return Status::Error("interference: small_comm_bytes must be a positive multiple of 4, got " +
+                         std::to_string(o.small_comm_bytes));
   std::vector<int> world(n);
   for (int r = 0; r < n; ++r) world[r] = r;
   auto barrier = [&]() -> Status {
@@ -733,6 +736,8 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   int collectives = 0;
   std::vector<float> round_medians;  // per round, per kernel: alone, overlapped
   std::vector<float> comm_round_medians;  // per round: the all_reduce alone, then while every rank computes
+  std::vector<float> small_round_medians;  // per round: the small all_reduce alone, then while every rank computes
+  std::vector<float> small_send(o.small_comm_bytes / 4, 0.0f), small_recv(o.small_comm_bytes / 4);
   bool missing = false;              // a round without an overlapped run of some kernel
   if (o.rounds < 1) return Status::Error("interference: rounds must be at least 1");
   auto time_kernels = [&](std::vector<std::vector<double>>& into) -> Status {
@@ -745,6 +750,28 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
       }
     }
     return Status::Ok();
+  };
+  // A second thread's loop: all_reduces of `s` back to back until every rank
+  // has said enough (element 0 of `s`: 1 once this rank's `enough` is set;
+  // every rank sees the same sum, so every rank stops after the same call).
+  auto keep_in_flight = [&](std::vector<float>& s, std::vector<float>& r, std::atomic<bool>& enough,
+                            std::atomic<bool>& in_flight, std::atomic<bool>& finished, std::vector<double>* times,
+                            int* issued, Status* status) {
+    in_flight = true;
+    for (;;) {
+      s[0] = enough ? 1.0f : 0.0f;
+      const auto t0 = Clock::now();
+      Status st = comm.AllReduce(world, ReduceOp::kSum, s.data(), r.data(), static_cast<int64_t>(s.size()));
+      times->push_back(SecondsSince(t0) * 1e6);
+      ++*issued;
+      if (!st.ok()) {
+        *status = st;
+        break;
+      }
+      if (r[0] > n - 0.5f) break;
+    }
+    in_flight = false;
+    finished = true;
   };
   for (int round = 0; round < o.rounds; ++round) {
     // Solo: rank 0 computes while the other ranks wait in the barrier (the
@@ -781,30 +808,15 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     std::vector<size_t> had(kernels.size());
     for (size_t i = 0; i < kernels.size(); ++i) had[i] = overlapped[i].size();
     std::vector<double> comm_times;  // the all_reduces while this rank computes
-    std::thread comm_thread([&] {
-      in_flight = true;
-      for (;;) {
-        send[0] = enough ? 1.0f : 0.0f;
-        const auto t0 = Clock::now();
-        Status st = comm.AllReduce(world, ReduceOp::kSum, send.data(), recv.data(), count);
-        comm_times.push_back(SecondsSince(t0) * 1e6);
-        ++issued;
-        if (!st.ok()) {
-          comm_status = st;
-          break;
-        }
-        // Every rank sees the same sum, so every rank stops after the same call.
-        if (recv[0] > n - 0.5f) break;
-      }
-      in_flight = false;
-      finished = true;
-    });
+    std::thread comm_thread(
+        [&] { keep_in_flight(send, recv, enough, in_flight, finished, &comm_times, &issued, &comm_status); });
     while (!in_flight && !finished) std::this_thread::yield();
     const auto start = Clock::now();
     for (size_t i = 0; !finished; i = (i + 1) % kernels.size()) {
       const bool before = in_flight;
       Result<double> t = kernels[i].Time();
       if (!t.ok()) {
+        enough = true;
         comm_thread.join();
         return t.status();
       }
@@ -819,6 +831,44 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     CONCERTO_RETURN_IF_ERROR(comm_status);
     collectives += issued;
     comm_round_medians.push_back(static_cast<float>(Median(comm_times)));
+    // The small all_reduce alone, then back to back while every rank runs
+    // the kernels (untimed): the per-message wait for a core.
+    CONCERTO_RETURN_IF_ERROR(barrier());
+    {
+      std::vector<double> small_alone;
+      for (int k = 0; k < std::max(o.min_samples, 5); ++k) {
+        const auto t0 = Clock::now();
+        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, small_send.data(), small_recv.data(),
+                                                static_cast<int64_t>(small_send.size())));
+        small_alone.push_back(SecondsSince(t0) * 1e6);
+      }
+      small_round_medians.push_back(static_cast<float>(Median(small_alone)));
+    }
+    CONCERTO_RETURN_IF_ERROR(barrier());
+    {
+      std::atomic<bool> small_enough{false}, small_in_flight{false}, small_finished{false};
+      Status small_status = Status::Ok();
+      int small_issued = 0;
+      std::vector<double> small_times;
+      std::thread small_thread([&] {
+        keep_in_flight(small_send, small_recv, small_enough, small_in_flight, small_finished, &small_times,
+                       &small_issued, &small_status);
+      });
+      while (!small_in_flight && !small_finished) std::this_thread::yield();
+      const auto small_start = Clock::now();
+      for (size_t i = 0; !small_finished; i = (i + 1) % kernels.size()) {
+        Result<double> t = kernels[i].Time();
+        if (!t.ok()) {
+          small_enough = true;
+          small_thread.join();
+          return t.status();
+        }
+        if (SecondsSince(small_start) >= o.min_time_s) small_enough = true;
+      }
+      small_thread.join();
+      CONCERTO_RETURN_IF_ERROR(small_status);
+      small_round_medians.push_back(static_cast<float>(Median(small_times)));
+    }
     for (size_t i = 0; i < kernels.size(); ++i) {
       round_medians.push_back(static_cast<float>(
           Median(std::vector<double>(alone[i].begin() + static_cast<int64_t>(alone_had[i]), alone[i].end()))));
@@ -847,6 +897,8 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   medians.insert(medians.end(), solo_round_medians.begin(), solo_round_medians.end());
   const size_t comm_at = medians.size();
   medians.insert(medians.end(), comm_round_medians.begin(), comm_round_medians.end());
+  const size_t small_at = medians.size();
+  medians.insert(medians.end(), small_round_medians.begin(), small_round_medians.end());
   medians.push_back(missing ? 1.0f : 0.0f);
   CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, medians.data(), medians.data(),
                                           static_cast<int64_t>(medians.size())));
@@ -855,6 +907,7 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
                          std::to_string(o.comm_bytes) + " bytes was in flight (the collective is too short for "
                          "the kernel; raise comm_bytes or max_time_s)");
   InterferenceMeasurement m;
+  std::vector<double> small_waits;  // per round: the small all_reduce's wait beside compute
   m.ranks = n;
   m.comm_bytes = o.comm_bytes;
   m.collectives = collectives;
@@ -883,11 +936,16 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     m.comm_alone_us.push_back(medians[comm_at + 2 * r] / n);
     m.comm_computing_us.push_back(medians[comm_at + 2 * r + 1] / n);
     m.comm_corun_round_factors.push_back(CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back()}));
+    m.small_comm_alone_us.push_back(medians[small_at + 2 * r] / n);
+    m.small_comm_computing_us.push_back(medians[small_at + 2 * r + 1] / n);
+    small_waits.push_back(std::max(0.0, m.small_comm_computing_us.back() - m.small_comm_alone_us.back()));
   }
   m.interference = MedianFactor(m.round_factors);
   m.corun = MedianFactor(m.corun_round_factors);
   m.corun_memory = MedianFactor(m.corun_memory_round_factors);
   m.comm_corun = MedianFactor(m.comm_corun_round_factors);
+  m.small_comm_bytes = o.small_comm_bytes;
+  m.comm_corun_latency_us = MedianFactor(small_waits);
   return m;
 }
 
@@ -929,6 +987,10 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
                       {"comm_corun_round_factors", m.comm_corun_round_factors},
                       {"comm_alone_us", m.comm_alone_us},
                       {"comm_computing_us", m.comm_computing_us},
+                      {"small_comm_bytes", m.small_comm_bytes},
+                      {"comm_corun_latency_us", m.comm_corun_latency_us},
+                      {"small_comm_alone_us", m.small_comm_alone_us},
+                      {"small_comm_computing_us", m.small_comm_computing_us},
                       {"kernels", nlohmann::json::array()}};
   for (const InterferenceKernel& k : m.kernels)
     j["kernels"].push_back({{"kernel", k.kernel},
@@ -990,12 +1052,23 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
   numbers("comm_corun_round_factors", &m.comm_corun_round_factors);
   numbers("comm_alone_us", &m.comm_alone_us);
   numbers("comm_computing_us", &m.comm_computing_us);
+  // Absent before the sixteenth session: 0.
+  if (j.contains("comm_corun_latency_us")) {
+    const nlohmann::json& v = j["comm_corun_latency_us"];
+    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 1e7)
+      return Status::Error(path + ": field 'comm_corun_latency_us' must be a number in [0, 1e7]");
+    m.comm_corun_latency_us = v.get<double>();
+  }
+  m.small_comm_bytes = j.value("small_comm_bytes", int64_t{0});
+  numbers("small_comm_alone_us", &m.small_comm_alone_us);
+  numbers("small_comm_computing_us", &m.small_comm_computing_us);
   return m;
 }
 
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
                                 const std::string& device_name, double interference, double corun_slowdown,
-                                double corun_slowdown_memory, double comm_corun_slowdown) {
+                                double corun_slowdown_memory, double comm_corun_slowdown,
+                                double comm_corun_latency_us) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
@@ -1018,6 +1091,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.corun_slowdown = std::clamp(corun_slowdown, 0.0, 10.0);
   c.corun_slowdown_memory = corun_slowdown_memory < 0 ? -1 : std::clamp(corun_slowdown_memory, 0.0, 10.0);
   c.comm_corun_slowdown = std::clamp(comm_corun_slowdown, 0.0, 10.0);
+  c.comm_corun_latency_us = std::clamp(comm_corun_latency_us, 0.0, 1e7);
   return c;
 }
 

@@ -18,6 +18,8 @@ namespace {
 constexpr int kNone = -1;
 constexpr int kFlowJoin = 0;  // a transfer's latency is over: it joins its links
 constexpr int kFlowEnd = 1;   // a transfer ends: every member of its rendezvous finishes
+constexpr int kWaitEnd = 2;   // a rendezvous's co-run wait is over (ClusterSpec::comm_corun_latency_us)
+constexpr int kTransferEnd = 3;  // a transfer off the shared links ends
 
 /// The link resources of one simulated rank (docs/cost-model.md, "Shared links").
 enum LinkSlot { kIntraTx = 0, kIntraRx = 1, kInterTx = 2, kInterRx = 3, kLinkSlots = 4 };
@@ -27,6 +29,9 @@ enum LinkSlot { kIntraTx = 0, kIntraRx = 1, kInterTx = 2, kInterRx = 3, kLinkSlo
 /// speed) and needs `demand` of each link's capacity at rate 1.
 struct Flow {
   double left_us = 0;  // transfer time left at rate 1
+  double wait_from_us = -1;    // when its co-run wait began (-1: not waiting)
+  int wait_version = 0;        // its kWaitEnd event's (a wait ended early voids it)
+  bool transfer_done = false;  // its transfer ended during the wait
   double rate = 1;
   double last_us = 0;
   int version = 0;
@@ -58,7 +63,7 @@ struct Event {
   long seq;
   int gid;      // an op (flow < 0), or the rendezvous a flow event is for
   int version;
-  int flow = -1;  // -1: an op finishes; kFlowJoin / kFlowEnd: a shared-link transfer
+  int flow = -1;  // -1: an op finishes; kFlowJoin / kFlowEnd: a shared-link transfer; kWaitEnd
   bool operator>(const Event& o) const {
     return time_us != o.time_us ? time_us > o.time_us : seq > o.seq;
   }
@@ -121,6 +126,7 @@ class Simulator {
     corun_ = cost.cluster().corun_slowdown;
     corun_memory_ = cost.cluster().CorunSlowdownMemory();
     comm_corun_ = cost.cluster().comm_corun_slowdown;
+    comm_corun_latency_us_ = cost.cluster().comm_corun_latency_us;
     bus_ = cost.cluster().topology.IsBus();
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
@@ -137,6 +143,17 @@ class Simulator {
     while (!queue_.empty()) {
       Event e = queue_.top();
       queue_.pop();
+      if (e.flow == kWaitEnd) {
+        if (e.version != flows_[e.gid].wait_version) continue;  // its ranks stopped computing first
+        now_ = e.time_us;
+        EndWait(e.gid);
+        continue;
+      }
+      if (e.flow == kTransferEnd) {
+        now_ = e.time_us;
+        TransferDone(e.gid);
+        continue;
+      }
       if (e.flow >= 0) {
         if (e.version != flows_[e.gid].version) continue;  // re-timed by link sharing
         FlowEvent(e.gid, e.flow, e.time_us);
@@ -372,14 +389,29 @@ class Simulator {
       int msr = gid_rank_[m];
       CommInflightChange(msr, +1);
     }
+    const int id = rv_[gid];
+    if (comm_corun_latency_us_ > 0 && AnyComputing(rv)) {
+      // Its completion waits for a core: it ends no earlier than
+      // comm_corun_latency_us from now or its ranks' compute stopping,
+      // whichever comes first; its bytes move meanwhile.
+      Flow& f = flows_[id];
+      f.wait_from_us = now_;
+      waiting_.push_back(id);
+      queue_.push({now_ + comm_corun_latency_us_, seq_++, id, f.wait_version, kWaitEnd});
+    }
+    BeginTransfer(id, dur, longest);
+  }
+
+  /// A rendezvous whose members have all arrived (and whose co-run wait is
+  /// over) starts its transfer: the op ends after `dur`, or over shared
+  /// links its latency first, then its transfer at the rate its links give it.
+  void BeginTransfer(int id, double dur, int longest) {
+    const Rendezvous& rv = rvs_[id];
     const LinkLoad& load = load_[longest];
     if (!share_links_ || !load.Any() || dur <= load.latency_us) {
-      for (int m : rv.members) Push(m, now_ + dur);
+      queue_.push({now_ + dur, seq_++, id, 0, kTransferEnd});
       return;
     }
-    // A transfer over shared links: its latency first, then its transfer at
-    // the rate its links give it.
-    const int id = rv_[gid];
     Flow& f = flows_[id];
     f.left_us = dur - load.latency_us;
     f.demand = Demand(rv, load);
@@ -388,6 +420,43 @@ class Simulator {
     } else {
       FlowEvent(id, kFlowJoin, now_);
     }
+  }
+
+  bool AnyComputing(const Rendezvous& rv) const {
+    for (int m : rv.members)
+      if (!running_compute_[gid_rank_[m]].empty()) return true;
+    return false;
+  }
+
+  /// A rendezvous's transfer ended: its members finish, unless its co-run
+  /// wait is still on (then they finish when it ends).
+  void TransferDone(int id) {
+    Flow& f = flows_[id];
+    if (f.wait_from_us >= 0) {
+      f.transfer_done = true;
+      return;
+    }
+    for (int m : rvs_[id].members) Finish(m, now_);
+  }
+
+  /// A rendezvous's co-run wait ends (its time passed, or its ranks stopped
+  /// computing): if its transfer is done, its members finish now.
+  void EndWait(int id) {
+    Flow& f = flows_[id];
+    ++f.wait_version;  // the other way of ending the wait is void
+    f.wait_from_us = -1;
+    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
+    if (f.transfer_done)
+      for (int m : rvs_[id].members) Finish(m, now_);
+  }
+
+  /// After rank `sr` stopped computing (its next kernels, if any, started):
+  /// the waiting rendezvous none of whose ranks computes any more begin.
+  void WakeWaiting() {
+    std::vector<int> ready;
+    for (int id : waiting_)
+      if (!AnyComputing(rvs_[id])) ready.push_back(id);
+    for (int id : ready) EndWait(id);
   }
 
   /// The links a rendezvous's transfer loads: a collective both directions
@@ -429,10 +498,9 @@ class Simulator {
     }
     active_flows_.erase(std::find(active_flows_.begin(), active_flows_.end(), id));
     ShareLinks();
-    for (int m : rvs_[id].members) {
+    for (int m : rvs_[id].members)
       timeline_.link_sharing_delay_us += std::max(0.0, now_ - start_[m] - duration_[m]);
-      Finish(m, now_);
-    }
+    TransferDone(id);
   }
 
   /// Max-min fair rates of the transfers in flight (progressive filling: all
@@ -587,6 +655,9 @@ class Simulator {
     std::sort(touched.begin(), touched.end());
     touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
     for (int ts : touched) TryStart(sr, ts);
+    // Back-to-back kernels keep the cores: only a rank idle after its
+    // successors started frees one for the waiting messages.
+    if (!op.IsComm() && !waiting_.empty() && running_compute_[sr].empty()) WakeWaiting();
   }
 
   /// Durations each finite can add up past what a double holds: say so
@@ -685,6 +756,8 @@ class Simulator {
   double corun_ = 0;                                   // ClusterSpec::corun_slowdown
   double corun_memory_ = 0;                            // ClusterSpec::CorunSlowdownMemory()
   double comm_corun_ = 0;                              // ClusterSpec::comm_corun_slowdown
+  double comm_corun_latency_us_ = 0;                   // ClusterSpec::comm_corun_latency_us
+  std::vector<int> waiting_;                           // rendezvous in their co-run wait
   bool bus_ = false;                                   // TopologySpec::IsBus(): one link per node
   std::vector<std::vector<std::pair<int, int>>> mates_;  // per simulated rank: (simulated rank, devices it stands for)
   std::vector<int> node_others_;                       // per simulated rank: other devices on its node

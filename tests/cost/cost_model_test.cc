@@ -254,6 +254,13 @@ TEST(CostClusterTest, ValidateNamesField) {
   EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
             "my.yaml: field 'comm_corun_slowdown': must be a slowdown fraction in [0, 10], got -1");
   c.comm_corun_slowdown = 0;
+  EXPECT_EQ(c.comm_corun_latency_us, 0);
+  c.comm_corun_latency_us = 2500;
+  EXPECT_EQ(ParseCluster(ClusterToJson(c), "c.json", true)->comm_corun_latency_us, 2500);
+  c.comm_corun_latency_us = -5;
+  EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
+            "my.yaml: field 'comm_corun_latency_us': must be a latency in [0, 1e7] us, got -5");
+  c.comm_corun_latency_us = 0;
   c.corun_slowdown_memory = 11;
   EXPECT_NE(ValidateCluster(c, "my.yaml").message().find("field 'corun_slowdown_memory': must be a slowdown fraction"),
             std::string::npos);

@@ -296,6 +296,18 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   EXPECT_EQ(m->corun_round_factors.size(), 2u);
   EXPECT_DOUBLE_EQ(m->corun, MedianFactor(m->corun_round_factors));
   EXPECT_GE(m->collectives, 2);
+  // The small all_reduce alone and beside compute, per round; the latency is
+  // the median of the per-round differences (clamped at 0).
+  ASSERT_EQ(m->small_comm_alone_us.size(), 2u);
+  ASSERT_EQ(m->small_comm_computing_us.size(), 2u);
+  EXPECT_EQ(m->small_comm_bytes, o.small_comm_bytes);
+  std::vector<double> waits;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(m->small_comm_alone_us[r], 0);
+    EXPECT_GT(m->small_comm_computing_us[r], 0);
+    waits.push_back(std::max(0.0, m->small_comm_computing_us[r] - m->small_comm_alone_us[r]));
+  }
+  EXPECT_DOUBLE_EQ(m->comm_corun_latency_us, MedianFactor(waits));
   const std::string path = testing::TempDir() + "/interference.json";
   {
     std::ofstream out(path);
@@ -309,12 +321,26 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   EXPECT_DOUBLE_EQ(back->kernels[0].solo_us, m->kernels[0].solo_us);
   EXPECT_DOUBLE_EQ(back->corun, m->corun);
   EXPECT_EQ(back->corun_round_factors, m->corun_round_factors);
-  // The cluster takes the factor.
+  EXPECT_DOUBLE_EQ(back->comm_corun_latency_us, m->comm_corun_latency_us);
+  EXPECT_EQ(back->small_comm_computing_us, m->small_comm_computing_us);
+  // The cluster takes the factor and the latency.
+  EXPECT_DOUBLE_EQ(
+      MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0, 0, -1, 0, 1500).comm_corun_latency_us, 1500);
   EXPECT_DOUBLE_EQ(MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0.25).interference, 0.25);
   // Errors name what is wrong.
   EXPECT_NE(MeasureInterferenceInProcess(1, o).status().message().find("at least 2 ranks"), std::string::npos);
   o.comm_bytes = 6;
   EXPECT_NE(MeasureInterferenceInProcess(2, o).status().message().find("multiple of 4"), std::string::npos);
+  o.comm_bytes = 1 << 16;
+  o.small_comm_bytes = 0;
+  EXPECT_NE(MeasureInterferenceInProcess(2, o).status().message().find("small_comm_bytes must be a positive"),
+            std::string::npos);
+  {
+    std::ofstream out(path);
+    out << R"({"format": "concerto-interference", "interference": 0.1, "comm_corun_latency_us": -3, "kernels": []})";
+  }
+  EXPECT_NE(ReadInterference(path).status().message().find("field 'comm_corun_latency_us' must be a number"),
+            std::string::npos);
   {
     std::ofstream out(path);
     out << R"({"format": "concerto-interference", "interference": 0.1, "kernels": [{"alone_us": -1}]})";

@@ -864,7 +864,8 @@ int CmdProfile(const ProfileFlags& pf) {
   if (!comm.ok()) return Fail(comm.status());
   const ClusterSpec cluster =
       MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference, pf.no_corun ? 0 : corun,
-                          pf.no_corun ? 0 : interference->corun_memory, pf.no_corun ? 0 : interference->comm_corun);
+                          pf.no_corun ? 0 : interference->corun_memory, pf.no_corun ? 0 : interference->comm_corun,
+                          pf.no_corun ? 0 : interference->comm_corun_latency_us);
   const ProfileDb db = MakeProfileDb(device, kernels, *samples, program.get(), cluster);
   const std::string cluster_path = pf.out_dir + "/cpu-local.json", db_path = pf.out_dir + "/profile.json";
   if (Status s = WriteTextFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
@@ -899,6 +900,9 @@ int CmdProfile(const ProfileFlags& pf) {
                         {"corun_memory_round_factors", interference->corun_memory_round_factors},
                         {"comm_corun_slowdown", interference->comm_corun},
                         {"comm_corun_round_factors", interference->comm_corun_round_factors},
+                        {"comm_corun_latency_us", interference->comm_corun_latency_us},
+                        {"small_comm_alone_us", interference->small_comm_alone_us},
+                        {"small_comm_computing_us", interference->small_comm_computing_us},
                         {"corun_in_cluster", !pf.no_corun},
                         {"profile_entries", db.size()},
                         {"profile_file", db_path},
@@ -919,7 +923,8 @@ int CmdProfile(const ProfileFlags& pf) {
       "{}"
       "interference: {:.3f} (compute at 1/(1+f) while an all_reduce of {} bytes is in flight)\n"
       "co-run slowdown: {:.3f} compute-bound, {:.3f} streaming kernels (kernels while every rank computes against "
-      "rank 0 computing alone), {:.3f} communication (an all_reduce while every rank computes against one alone); {}\n"
+      "rank 0 computing alone), {:.3f} communication (an all_reduce while every rank computes against one alone), "
+      "{:.1f} us more per message (a small all_reduce likewise); {}\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
       kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
       compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
@@ -934,8 +939,9 @@ int CmdProfile(const ProfileFlags& pf) {
                         100 * std::expm1(comm->bus_one_way_error)),
       interference->interference,
       interference->comm_bytes, corun, interference->corun_memory, interference->comm_corun,
+      interference->comm_corun_latency_us,
       pf.no_corun ? "not in the cluster: --no-corun"
-                  : "the cluster's corun_slowdown, corun_slowdown_memory and comm_corun_slowdown",
+                  : "the cluster's corun_slowdown, corun_slowdown_memory, comm_corun_slowdown and comm_corun_latency_us",
       db.size(), db_path, cluster_path);
   for (const InterferenceKernel& k : interference->kernels)
     std::cout << fmt::format("  {}: {:.1f} us on rank 0 alone, {:.1f} us while every rank computes, {:.1f} us with "
@@ -1112,7 +1118,7 @@ int RealMain(int argc, char** argv) {
   profile->add_option("--profile", pf.base,
                       "--from-trace, --kernels-only, --merge: the profile database to update (its other entries are kept)");
   profile->add_flag("--no-corun", pf.no_corun,
-                    "write corun_slowdown, corun_slowdown_memory and comm_corun_slowdown 0 into the cluster "
+                    "write corun_slowdown, corun_slowdown_memory, comm_corun_slowdown and comm_corun_latency_us 0 into the cluster "
                     "(default: as measured: the interference kernels' time while every rank computes over rank 0's "
                     "alone, per kernel class, and an all_reduce's time while every rank computes over its time "
                     "alone; the simulator applies them while other ranks of the node compute)");

@@ -115,6 +115,14 @@ struct ClusterSpec {
   /// GPUs, whose copy engines and NCCL kernels do not wait for the compute
   /// stream. Applies to transfers over shared links (topology.share_links).
   double comm_corun_slowdown = 0;
+  /// A collective or send/recv that starts while one of its ranks computes
+  /// waits this long more before its transfer: on a CPU whose cores the
+  /// compute threads fill, each message's progress waits for the scheduler
+  /// to give MPI's thread a core, whatever its size (`concerto profile`
+  /// measures it: a small all_reduce while every rank computes against one
+  /// alone; on the 2-vCPU testbed 2 KiB all_reduces took 5-30 ms beside
+  /// backward kernels where alone they take 0.05 ms). 0 for GPUs.
+  double comm_corun_latency_us = 0;
   /// The co-run slowdown of streaming kernels (corun_slowdown_memory, or
   /// corun_slowdown when that is -1).
   double CorunSlowdownMemory() const { return corun_slowdown_memory >= 0 ? corun_slowdown_memory : corun_slowdown; }

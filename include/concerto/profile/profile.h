@@ -194,6 +194,9 @@ struct InterferenceOptions {
   /// The collective kept in flight: an all_reduce (sum) of this many bytes
   /// over the whole world, issued back to back by a second thread.
   int64_t comm_bytes = 16 << 20;
+  /// The small all_reduce that measures the per-message co-run latency
+  /// (comm_corun_latency_us): small enough that its transfer is nothing.
+  int64_t small_comm_bytes = 2048;
   /// The compute kernels, run with the runtime's own kernels (RunKernel):
   /// a matmul [m, m] x [m, m] and an elementwise add of this many floats.
   int64_t matmul_size = 512;
@@ -233,6 +236,10 @@ struct InterferenceMeasurement {
   std::vector<double> comm_computing_us;   // per round: its median while every rank computes
   std::vector<double> comm_corun_round_factors;  // computing / alone - 1, clamped to [0, 10]
   double comm_corun = 0;      // their median: the communication's co-run slowdown
+  int64_t small_comm_bytes = 0;
+  std::vector<double> small_comm_alone_us;      // per round: the small all_reduce's median, nothing computing
+  std::vector<double> small_comm_computing_us;  // per round: its median while every rank computes
+  double comm_corun_latency_us = 0;  // median over the rounds of max(0, computing - alone)
 };
 
 /// f = (sum of the kernels' overlapped times) / (sum of their alone times)
@@ -252,7 +259,11 @@ double MedianFactor(const std::vector<double>& factors);
 /// phase one all_reduce of comm_bytes runs with nothing computing
 /// (comm_alone_us); the overlapped phase's all_reduces, which run while every
 /// rank computes, give comm_computing_us; per round computing / alone - 1 goes
-/// to comm_corun_round_factors, their median to comm_corun.
+/// to comm_corun_round_factors, their median to comm_corun. Last, a small
+/// all_reduce (small_comm_bytes) is timed alone (small_comm_alone_us) and
+/// issued back to back while every rank runs the kernels (min_time_s;
+/// small_comm_computing_us): the per-message wait for a core,
+/// comm_corun_latency_us, is the median over the rounds of the difference.
 /// Alone: after a world barrier every rank times each kernel. Overlapped:
 /// a second thread issues all_reduces of comm_bytes on the world back to
 /// back while this thread times the kernels, keeping a run only when the
@@ -290,7 +301,8 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path);
 /// corun and corun_memory; 0 when not measured; memory -1: as corun_slowdown).
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
                                 const std::string& device_name, double interference = 0, double corun_slowdown = 0,
-                                double corun_slowdown_memory = -1, double comm_corun_slowdown = 0);
+                                double corun_slowdown_memory = -1, double comm_corun_slowdown = 0,
+                                double comm_corun_latency_us = 0);
 
 /// A profile database for `device`: every kernel sample, and for every
 /// collective op of `program` (if any) whose (type, group size, bytes) was
