@@ -116,9 +116,10 @@ struct ClusterSpec {
   /// stream. Applies to transfers over shared links (topology.share_links).
   double comm_corun_slowdown = 0;
   /// A collective or send/recv that starts while one of its ranks computes
-  /// waits this long more before its transfer: on a CPU whose cores the
-  /// compute threads fill, each message's progress waits for the scheduler
-  /// to give MPI's thread a core, whatever its size (`concerto profile`
+  /// ends no earlier than this much later, or than its ranks' compute
+  /// stopping, whichever comes first (its bytes move meanwhile): on a CPU
+  /// whose cores the compute threads fill, each message waits for the
+  /// scheduler to give MPI's thread a core, whatever its size (`concerto profile`
   /// measures it: a small all_reduce while every rank computes against one
   /// alone; on the 2-vCPU testbed 2 KiB all_reduces took 5-30 ms beside
   /// backward kernels where alone they take 0.05 ms). 0 for GPUs.
