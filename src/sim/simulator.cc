@@ -29,7 +29,7 @@ enum LinkSlot { kIntraTx = 0, kIntraRx = 1, kInterTx = 2, kInterRx = 3, kLinkSlo
 /// speed) and needs `demand` of each link's capacity at rate 1.
 struct Flow {
   double left_us = 0;  // transfer time left at rate 1
-  double wait_from_us = -1;    // when its co-run wait began (-1: not waiting)
+  bool waiting = false;        // in its co-run wait (ClusterSpec::comm_corun_latency_us)
   int wait_version = 0;        // its kWaitEnd event's (a wait ended early voids it)
   bool transfer_done = false;  // its transfer ended during the wait
   double rate = 1;
@@ -395,16 +395,17 @@ class Simulator {
       // comm_corun_latency_us from now or its ranks' compute stopping,
       // whichever comes first; its bytes move meanwhile.
       Flow& f = flows_[id];
-      f.wait_from_us = now_;
+      f.waiting = true;
       waiting_.push_back(id);
       queue_.push({now_ + comm_corun_latency_us_, seq_++, id, f.wait_version, kWaitEnd});
     }
     BeginTransfer(id, dur, longest);
   }
 
-  /// A rendezvous whose members have all arrived (and whose co-run wait is
-  /// over) starts its transfer: the op ends after `dur`, or over shared
-  /// links its latency first, then its transfer at the rate its links give it.
+  /// A rendezvous whose members have all arrived starts its transfer (its
+  /// co-run wait, if any, runs beside it): it ends after `dur`, or over
+  /// shared links its latency first, then its transfer at the rate its links
+  /// give it.
   void BeginTransfer(int id, double dur, int longest) {
     const Rendezvous& rv = rvs_[id];
     const LinkLoad& load = load_[longest];
@@ -432,7 +433,7 @@ class Simulator {
   /// wait is still on (then they finish when it ends).
   void TransferDone(int id) {
     Flow& f = flows_[id];
-    if (f.wait_from_us >= 0) {
+    if (f.waiting) {
       f.transfer_done = true;
       return;
     }
@@ -444,14 +445,13 @@ class Simulator {
   void EndWait(int id) {
     Flow& f = flows_[id];
     ++f.wait_version;  // the other way of ending the wait is void
-    f.wait_from_us = -1;
+    f.waiting = false;
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
-    if (f.transfer_done)
-      for (int m : rvs_[id].members) Finish(m, now_);
+    if (f.transfer_done) TransferDone(id);
   }
 
   /// After rank `sr` stopped computing (its next kernels, if any, started):
-  /// the waiting rendezvous none of whose ranks computes any more begin.
+  /// the waiting rendezvous none of whose ranks computes any more end their wait.
   void WakeWaiting() {
     std::vector<int> ready;
     for (int id : waiting_)
@@ -554,10 +554,7 @@ class Simulator {
   /// ranks computes (ClusterSpec::comm_corun_slowdown: its progress needs
   /// the cores the compute takes).
   double FlowCap(int id) const {
-    if (comm_corun_ <= 0) return 1;
-    for (int m : rvs_[id].members)
-      if (!running_compute_[gid_rank_[m]].empty()) return 1 / (1 + comm_corun_);
-    return 1;
+    return comm_corun_ > 0 && AnyComputing(rvs_[id]) ? 1 / (1 + comm_corun_) : 1;
   }
 
   /// Compute speed on a rank with `n` communication ops in flight: the
