@@ -37,10 +37,19 @@ struct KernelProfileOptions {
   int max_reps = 20;
 };
 
+/// Whether input `slot` of `op` must hold non-negative values (cross
+/// entropy's sum of exponentials, Adam's second moment).
+bool NonNegativeInput(const Op& op, size_t slot);
+
+/// Fills `data` (sized to `t`) with the values a run gives a kernel, for
+/// timing it: floats signed with mean 0 and standard deviation 1 (1 + |x|
+/// where `non_negative`), integer tensors 0; deterministic. CPU kernels'
+/// speed depends on the values (libm branches on sign and size).
+void FillSynthetic(const Tensor& t, bool non_negative, std::vector<float>* data);
+
 /// Times every distinct compute op (by signature) of every role's graph of
 /// `program`, on the role's first rank's shard, with the runtime's kernels
-/// (RunKernel) on synthetic inputs (floats in [0.01, 0.5), integer tensors
-/// 0). `cluster` gives the signature's device context. Sets OpenBLAS to
+/// (RunKernel) on synthetic inputs (FillSynthetic). `cluster` gives the signature's device context. Sets OpenBLAS to
 /// one thread (process-wide), as a run uses. `seen` (optional): signatures
 /// already timed, skipped; the ones timed here are added. Errors: an op the
 /// runtime cannot run.
@@ -251,6 +260,8 @@ double InterferenceFactor(const std::vector<InterferenceKernel>& kernels);
 double MedianFactor(const std::vector<double>& factors);
 
 /// Every rank of the world calls this together, `rounds` times three phases.
+/// Every phase runs the kernels in turn (matmul, add, matmul, ...), so that
+/// the ranks' kernels meet in the same mix in each.
 /// Solo: after a world barrier rank 0 times each kernel while the others
 /// wait in the next barrier (solo_us; per round CorunSlowdown of the solo
 /// and alone medians of the compute-bound kernels goes to
