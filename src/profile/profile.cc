@@ -51,10 +51,11 @@ bool NonNegativeInput(const Op& op, size_t slot) {
 /// and gelu over the positive [0.01, 0.5) the first version used ran 1.5x
 /// faster than over a run's activations (docs/results.md). Non-negative
 /// inputs (NonNegativeInput) get 1 + |x|; integer tensors get 0 (a valid id
-/// and label).
-void FillSynthetic(const Tensor& t, bool non_negative, std::vector<float>* data) {
+/// and label). Each input slot draws its own values (a kernel's q and k are
+/// not the same tensor in a run).
+void FillSynthetic(const Tensor& t, size_t slot, bool non_negative, std::vector<float>* data) {
   const bool integer = t.dtype == DType::kI32 || t.dtype == DType::kI64;
-  uint32_t state = 12345;
+  uint32_t state = 12345u + 7919u * static_cast<uint32_t>(slot);
   auto uniform = [&state] {
     state = state * 1664525u + 1013904223u;
     return static_cast<float>(state >> 8) / static_cast<float>(1u << 24);
@@ -97,7 +98,8 @@ Result<KernelSample> TimeKernel(const Op& op, const Graph& graph, const GraphInd
   out_data.reserve(out_meta.size());
   for (const Tensor* t : in_meta) {
     in_data.emplace_back(t->NumElements());
-    FillSynthetic(*t, NonNegativeInput(op, in_data.size() - 1), &in_data.back());
+    const size_t slot = in_data.size() - 1;
+    FillSynthetic(*t, slot, NonNegativeInput(op, slot), &in_data.back());
     in.push_back({t, in_data.back().data()});
   }
   for (const Tensor* t : out_meta) {
@@ -676,7 +678,8 @@ struct BenchKernel {
     mesh.axes = {{"dp", 1}};
     for (const Tensor& t : in_meta) {
       in_data.emplace_back(t.NumElements());
-      FillSynthetic(t, NonNegativeInput(op, in_data.size() - 1), &in_data.back());
+      const size_t slot = in_data.size() - 1;
+      FillSynthetic(t, slot, NonNegativeInput(op, slot), &in_data.back());
     }
     for (const Tensor& t : out_meta) out_data.emplace_back(t.NumElements(), 0.0f);
     std::vector<const Tensor*> in, out;

@@ -464,7 +464,7 @@ TEST(FillSynthetic, SignedUnitSpreadAndNonNegativeWhereTheKernelNeedsIt) {
   t.shape = {4096};
   t.dtype = DType::kF32;
   std::vector<float> v(4096);
-  FillSynthetic(t, false, &v);
+  FillSynthetic(t, 0, false, &v);
   double sum = 0, sq = 0;
   int negative = 0;
   for (float x : v) sum += x, sq += double(x) * x, negative += x < 0;
@@ -474,14 +474,20 @@ TEST(FillSynthetic, SignedUnitSpreadAndNonNegativeWhereTheKernelNeedsIt) {
   EXPECT_GT(negative, 1800);  // about half
   EXPECT_LT(negative, 2300);
 
+  std::vector<float> other(4096);
+  FillSynthetic(t, 1, false, &other);
+  double dot = 0;
+  for (size_t i = 0; i < v.size(); ++i) dot += double(v[i]) * other[i];
+  EXPECT_LT(std::fabs(dot / v.size()), 0.1);  // slots 0 and 1 uncorrelated (not the same values)
+
   std::vector<float> w(4096);
-  FillSynthetic(t, true, &w);
+  FillSynthetic(t, 3, true, &w);
   for (float x : w) ASSERT_GE(x, 1.0f);
 
   Tensor ids = t;
   ids.dtype = DType::kI32;
   std::vector<float> z(4096, 7.0f);
-  FillSynthetic(ids, false, &z);
+  FillSynthetic(ids, 1, false, &z);
   for (float x : z) ASSERT_EQ(x, 0.0f);
 
   Op adam;

@@ -43,14 +43,16 @@ bool NonNegativeInput(const Op& op, size_t slot);
 
 /// Fills `data` (sized to `t`) with the values a run gives a kernel, for
 /// timing it: floats signed with mean 0 and standard deviation 1 (1 + |x|
-/// where `non_negative`), integer tensors 0; deterministic. CPU kernels'
-/// speed depends on the values (libm branches on sign and size).
-void FillSynthetic(const Tensor& t, bool non_negative, std::vector<float>* data);
+/// where `non_negative`), integer tensors 0; deterministic, a different
+/// sequence per input `slot`. CPU kernels' speed depends on the values
+/// (libm branches on sign and size).
+void FillSynthetic(const Tensor& t, size_t slot, bool non_negative, std::vector<float>* data);
 
 /// Times every distinct compute op (by signature) of every role's graph of
 /// `program`, on the role's first rank's shard, with the runtime's kernels
-/// (RunKernel) on synthetic inputs (FillSynthetic). `cluster` gives the signature's device context. Sets OpenBLAS to
-/// one thread (process-wide), as a run uses. `seen` (optional): signatures
+/// (RunKernel) on synthetic inputs (FillSynthetic). `cluster` gives the
+/// signature's device context. Sets OpenBLAS to one thread (process-wide),
+/// as a run uses. `seen` (optional): signatures
 /// already timed, skipped; the ones timed here are added. Errors: an op the
 /// runtime cannot run.
 Result<std::vector<KernelSample>> ProfileKernels(const Program& program, const ClusterSpec& cluster,
