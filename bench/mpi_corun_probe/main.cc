@@ -4,8 +4,9 @@
 // (so it is started and polled exactly as a run's stream thread does it) on
 // a second thread, while its main thread computes for C ms (a multiply-add
 // loop over 256 KiB, in cache). Per message size and C, rank 0 prints the
-// median over 7 repetitions of the all_reduce's end (ms after its issue) and
-// of its end minus the compute's end. Between repetitions the ranks sleep
+// median over 7 repetitions of the all_reduce's end on its slowest rank (ms
+// after its issue; the rank that only hands its bytes to the socket ends
+// earlier) and of that end minus the compute's end. Between repetitions the ranks sleep
 // 30 ms (a shaped link's token bucket refills, as between a run's messages).
 // scripts/corun_probe.sh runs it on the testbed's shaped loopback; the
 // figures are in docs/results.md ("Kernels timed on a run's values").
@@ -80,8 +81,11 @@ concerto::Status Probe(concerto::MpiCommunicator& comm, bool json) {
         const auto compute_end = Clock::now();
         comm_thread.join();
         CONCERTO_RETURN_IF_ERROR(comm_status);
-        ends.push_back(MsBetween(t0, comm_end));
-        after.push_back(MsBetween(compute_end, comm_end));
+        float slowest[2] = {static_cast<float>(MsBetween(t0, comm_end)),
+                            static_cast<float>(MsBetween(compute_end, comm_end))};
+        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, slowest, slowest, 2));
+        ends.push_back(slowest[0]);
+        after.push_back(slowest[1]);
       }
       if (!print) continue;
       if (json) {
@@ -90,6 +94,35 @@ concerto::Status Probe(concerto::MpiCommunicator& comm, bool json) {
       } else {
         std::printf("bytes %8d  compute %5.1f ms  all_reduce ends at %8.2f ms  (%+8.2f ms after the compute)\n",
                     bytes, compute_ms, Median(ends), Median(after));
+      }
+      first = false;
+      std::fflush(stdout);
+    }
+  }
+  if (print && json) std::printf("\n], \"gaps\": [");
+  // The same all_reduce with nothing beside it, after the link and both
+  // ranks idled for G ms (0: right after the barrier): what the price of an
+  // isolated message owes to the idle time before it.
+  first = true;
+  for (int bytes : {65536, 524288, 4194304}) {
+    std::vector<float> send(bytes / 4, 1.0f), recv(bytes / 4);
+    for (int gap_ms : {0, 1, 2, 5, 10, 30}) {
+      std::vector<double> ends;
+      for (int rep = 0; rep < kReps; ++rep) {
+        CONCERTO_RETURN_IF_ERROR(barrier());
+        if (gap_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(gap_ms));
+        const auto t0 = Clock::now();
+        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, send.data(), recv.data(), bytes / 4));
+        float slowest = static_cast<float>(MsBetween(t0, Clock::now()));
+        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &slowest, &slowest, 1));
+        ends.push_back(slowest);
+      }
+      if (!print) continue;
+      if (json) {
+        std::printf("%s\n {\"bytes\": %d, \"gap_ms\": %d, \"end_ms\": %.3f}", first ? "" : ",", bytes, gap_ms,
+                    Median(ends));
+      } else {
+        std::printf("bytes %8d  after %2d ms idle: all_reduce takes %8.2f ms\n", bytes, gap_ms, Median(ends));
       }
       first = false;
       std::fflush(stdout);

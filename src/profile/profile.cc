@@ -749,6 +749,11 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   if (o.small_comm_bytes <= 0 || o.small_comm_bytes % 4 != 0)
     return Status::Error("interference: small_comm_bytes must be a positive multiple of 4, got " +
                          std::to_string(o.small_comm_bytes));
+  if (o.mid_comm_bytes <= 0 || o.mid_comm_bytes % 4 != 0)
+    return Status::Error("interference: mid_comm_bytes must be a positive multiple of 4, got " +
+                         std::to_string(o.mid_comm_bytes));
+  if (o.idle_us < 0 || o.idle_us > 10000000)
+    return Status::Error("interference: idle_us must be in [0, 1e7], got " + std::to_string(o.idle_us));
   std::vector<int> world(n);
   for (int r = 0; r < n; ++r) world[r] = r;
   auto barrier = [&]() -> Status {
@@ -772,6 +777,18 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   std::vector<float> comm_round_medians;  // per round: the all_reduce alone, then while every rank computes
   std::vector<float> small_round_medians;  // per round: the small all_reduce alone, then while every rank computes
   std::vector<float> small_send(o.small_comm_bytes / 4, 0.0f), small_recv(o.small_comm_bytes / 4);
+  std::vector<float> mid_send(o.mid_comm_bytes / 4, 0.0f), mid_recv(o.mid_comm_bytes / 4);
+  InterferenceMeasurement m;
+  // The mid-size all_reduce once, timed on its slowest rank (the rank that
+  // only hands its bytes to the socket ends earlier).
+  auto mid_all_reduce = [&]() -> Result<double> {
+    const auto t0 = Clock::now();
+    CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, mid_send.data(), mid_recv.data(),
+                                            static_cast<int64_t>(mid_send.size())));
+    float dt = static_cast<float>(SecondsSince(t0) * 1e6);
+    CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &dt, &dt, 1));
+    return static_cast<double>(dt);
+  };
   bool missing = false;              // a round without an overlapped run of some kernel
   if (o.rounds < 1) return Status::Error("interference: rounds must be at least 1");
   // The kernels in turn (matmul, add, matmul, ...) as the overlapped phase
@@ -912,6 +929,67 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
       CONCERTO_RETURN_IF_ERROR(small_status);
       small_round_medians.push_back(static_cast<float>(Median(small_times)));
     }
+    // The link's burst: the mid-size all_reduce right after another (its
+    // bucket empty) and after idle_us of idle.
+    std::vector<double> back_to_back, after_idle;
+    for (int k = 0; k < std::max(o.min_samples, 5); ++k) {
+      CONCERTO_RETURN_IF_ERROR(barrier());
+      CONCERTO_RETURN_IF_ERROR(mid_all_reduce().status());
+      Result<double> t = mid_all_reduce();
+      if (!t.ok()) return t.status();
+      back_to_back.push_back(*t);
+      CONCERTO_RETURN_IF_ERROR(barrier());
+      std::this_thread::sleep_for(std::chrono::microseconds(o.idle_us));
+      t = mid_all_reduce();
+      if (!t.ok()) return t.status();
+      after_idle.push_back(*t);
+    }
+    m.mid_back_to_back_us.push_back(Median(back_to_back));
+    m.mid_idle_us.push_back(Median(after_idle));
+    // Its speed in the co-run wait: issued after idle_us of idle beside the
+    // kernels for 0.6 x this round's wait (every rank's smallest), so that
+    // the kernels stop before the wait is over; what it still needed after
+    // they stopped, against its time alone, is what moved beside them.
+    {
+      float wait_us = std::max(0.0f, small_round_medians[small_round_medians.size() - 1] -
+                                         small_round_medians[small_round_medians.size() - 2]);
+      wait_us = -wait_us;  // every rank's smallest: the largest negation
+      CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &wait_us, &wait_us, 1));
+      wait_us = -wait_us;
+      const double target_us = std::clamp(0.6 * wait_us, 1000.0, 20000.0);
+      std::vector<double> computes, afters, rates;
+      for (int k = 0; k < std::max(o.min_samples, 5); ++k) {
+        CONCERTO_RETURN_IF_ERROR(barrier());
+        std::this_thread::sleep_for(std::chrono::microseconds(o.idle_us));
+        const auto t0 = Clock::now();
+        Clock::time_point comm_end;
+        Status mid_status = Status::Ok();
+        std::thread mid_thread([&] {
+          mid_status = comm.AllReduce(world, ReduceOp::kSum, mid_send.data(), mid_recv.data(),
+                                      static_cast<int64_t>(mid_send.size()));
+          comm_end = Clock::now();
+        });
+        for (size_t i = 0; SecondsSince(t0) * 1e6 < target_us; i = (i + 1) % kernels.size()) {
+          Result<double> t = kernels[i].Time();
+          if (!t.ok()) {
+            mid_thread.join();
+            return t.status();
+          }
+        }
+        const auto stop = Clock::now();
+        mid_thread.join();
+        CONCERTO_RETURN_IF_ERROR(mid_status);
+        float v[2] = {static_cast<float>(std::chrono::duration<double, std::micro>(stop - t0).count()),
+                      static_cast<float>(std::max(0.0, std::chrono::duration<double, std::micro>(comm_end - stop).count()))};
+        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, v, v, 2));
+        computes.push_back(v[0]);
+        afters.push_back(v[1]);
+        rates.push_back(std::clamp((m.mid_idle_us.back() - v[1]) / std::max(1.0, static_cast<double>(v[0])), 0.0, 1.0));
+      }
+      m.mid_wait_compute_us.push_back(Median(computes));
+      m.mid_wait_after_us.push_back(Median(afters));
+      m.wait_rate_round_factors.push_back(Median(rates));
+    }
     for (size_t i = 0; i < kernels.size(); ++i) {
       round_medians.push_back(static_cast<float>(
           Median(std::vector<double>(alone[i].begin() + static_cast<int64_t>(alone_had[i]), alone[i].end()))));
@@ -949,7 +1027,6 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     return Status::Error("interference: in some round a kernel never ran entirely while the all_reduce of " +
                          std::to_string(o.comm_bytes) + " bytes was in flight (the collective is too short for "
                          "the kernel; raise comm_bytes or max_time_s)");
-  InterferenceMeasurement m;
   std::vector<double> small_waits;  // per round: the small all_reduce's wait beside compute
   m.ranks = n;
   m.comm_bytes = o.comm_bytes;
@@ -978,10 +1055,15 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     m.corun_memory_round_factors.push_back(CorunSlowdown(solo_memory, alone_memory));
     m.comm_alone_us.push_back(medians[comm_at + 2 * r] / n);
     m.comm_computing_us.push_back(medians[comm_at + 2 * r + 1] / n);
-    m.comm_corun_round_factors.push_back(CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back()}));
     m.small_comm_alone_us.push_back(medians[small_at + 2 * r] / n);
     m.small_comm_computing_us.push_back(medians[small_at + 2 * r + 1] / n);
     small_waits.push_back(std::max(0.0, m.small_comm_computing_us.back() - m.small_comm_alone_us.back()));
+    // Each all_reduce of the back-to-back stream began with its co-run wait,
+    // which the simulator charges apart (at comm_corun_wait_rate): the
+    // slowdown is what remains.
+    const double wait_cost_us = small_waits.back() * (1 - m.wait_rate_round_factors[r]);
+    m.comm_corun_round_factors.push_back(
+        CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back() - wait_cost_us}));
   }
   m.interference = MedianFactor(m.round_factors);
   m.corun = MedianFactor(m.corun_round_factors);
@@ -989,6 +1071,12 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   m.comm_corun = MedianFactor(m.comm_corun_round_factors);
   m.small_comm_bytes = o.small_comm_bytes;
   m.comm_corun_latency_us = MedianFactor(small_waits);
+  m.mid_comm_bytes = o.mid_comm_bytes;
+  std::vector<double> bursts;
+  for (size_t r = 0; r < m.mid_idle_us.size(); ++r)
+    bursts.push_back(std::max(0.0, m.mid_back_to_back_us[r] - m.mid_idle_us[r]));
+  m.link_burst_us = MedianFactor(bursts);
+  m.comm_corun_wait_rate = m.wait_rate_round_factors.empty() ? -1 : Median(m.wait_rate_round_factors);
   return m;
 }
 
@@ -1034,6 +1122,14 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
                       {"comm_corun_latency_us", m.comm_corun_latency_us},
                       {"small_comm_alone_us", m.small_comm_alone_us},
                       {"small_comm_computing_us", m.small_comm_computing_us},
+                      {"mid_comm_bytes", m.mid_comm_bytes},
+                      {"mid_back_to_back_us", m.mid_back_to_back_us},
+                      {"mid_idle_us", m.mid_idle_us},
+                      {"link_burst_us", m.link_burst_us},
+                      {"mid_wait_compute_us", m.mid_wait_compute_us},
+                      {"mid_wait_after_us", m.mid_wait_after_us},
+                      {"wait_rate_round_factors", m.wait_rate_round_factors},
+                      {"comm_corun_wait_rate", m.comm_corun_wait_rate},
                       {"kernels", nlohmann::json::array()}};
   for (const InterferenceKernel& k : m.kernels)
     j["kernels"].push_back({{"kernel", k.kernel},
@@ -1105,13 +1201,33 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
   m.small_comm_bytes = j.value("small_comm_bytes", int64_t{0});
   numbers("small_comm_alone_us", &m.small_comm_alone_us);
   numbers("small_comm_computing_us", &m.small_comm_computing_us);
+  // Absent before the eighteenth session: 0 and -1 (not measured).
+  if (j.contains("link_burst_us")) {
+    const nlohmann::json& v = j["link_burst_us"];
+    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 1e7)
+      return Status::Error(path + ": field 'link_burst_us' must be a number in [0, 1e7]");
+    m.link_burst_us = v.get<double>();
+  }
+  if (j.contains("comm_corun_wait_rate")) {
+    const nlohmann::json& v = j["comm_corun_wait_rate"];
+    if (!v.is_number() || !(v.get<double>() == -1 || (v.get<double>() >= 0 && v.get<double>() <= 1)))
+      return Status::Error(path + ": field 'comm_corun_wait_rate' must be -1 or a number in [0, 1]");
+    m.comm_corun_wait_rate = v.get<double>();
+  }
+  m.mid_comm_bytes = j.value("mid_comm_bytes", int64_t{0});
+  numbers("mid_back_to_back_us", &m.mid_back_to_back_us);
+  numbers("mid_idle_us", &m.mid_idle_us);
+  numbers("mid_wait_compute_us", &m.mid_wait_compute_us);
+  numbers("mid_wait_after_us", &m.mid_wait_after_us);
+  numbers("wait_rate_round_factors", &m.wait_rate_round_factors);
   return m;
 }
 
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
                                 const std::string& device_name, double interference, double corun_slowdown,
                                 double corun_slowdown_memory, double comm_corun_slowdown,
-                                double comm_corun_latency_us) {
+                                double comm_corun_latency_us, double link_burst_us,
+                                double comm_corun_wait_rate) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
@@ -1135,6 +1251,8 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.corun_slowdown_memory = corun_slowdown_memory < 0 ? -1 : std::clamp(corun_slowdown_memory, 0.0, 10.0);
   c.comm_corun_slowdown = std::clamp(comm_corun_slowdown, 0.0, 10.0);
   c.comm_corun_latency_us = std::clamp(comm_corun_latency_us, 0.0, 1e7);
+  c.link_burst_us = std::clamp(link_burst_us, 0.0, 1e7);
+  c.comm_corun_wait_rate = comm_corun_wait_rate < 0 ? -1 : std::clamp(comm_corun_wait_rate, 0.0, 1.0);
   return c;
 }
 

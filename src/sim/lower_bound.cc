@@ -64,10 +64,17 @@ JoinedGraph BuildJoinedGraph(const Program& program, const CostModel& cost) {
     for (size_t i = 0; i < g.ops.size(); ++i) {
       const Op& op = g.ops[i];
       const PricedOp priced = cost.Price(op, ctx);
-      j.dur.push_back(priced.duration_us);
+      // Over shared links a transfer may start with an idle link's burst
+      // (ClusterSpec::link_burst_us): the bound grants every one of them.
+      const double burst_us =
+          op.IsComm() && priced.load.Any()
+              ? std::min(cost.cluster().link_burst_us,
+                         std::max(0.0, priced.duration_us - priced.load.latency_us))
+              : 0.0;
+      j.dur.push_back(priced.duration_us - burst_us);
       std::array<double, 4> link{0, 0, 0, 0};
       if (op.IsComm() && priced.load.Any()) {
-        const double transfer = std::max(0.0, priced.duration_us - priced.load.latency_us);
+        const double transfer = std::max(0.0, priced.duration_us - priced.load.latency_us - burst_us);
         const bool out = op.kind != OpKind::kRecv, in = op.kind != OpKind::kSend;
         link = {out ? priced.load.intra * transfer : 0, in ? priced.load.intra * transfer : 0,
                 out ? priced.load.inter * transfer : 0, in ? priced.load.inter * transfer : 0};

@@ -127,6 +127,8 @@ class Simulator {
     corun_memory_ = cost.cluster().CorunSlowdownMemory();
     comm_corun_ = cost.cluster().comm_corun_slowdown;
     comm_corun_latency_us_ = cost.cluster().comm_corun_latency_us;
+    link_burst_us_ = cost.cluster().link_burst_us;
+    comm_wait_rate_ = cost.cluster().CommCorunWaitRate();
     bus_ = cost.cluster().topology.IsBus();
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
@@ -393,7 +395,8 @@ class Simulator {
     if (comm_corun_latency_us_ > 0 && AnyComputing(rv)) {
       // Its completion waits for a core: it ends no earlier than
       // comm_corun_latency_us from now or its ranks' compute stopping,
-      // whichever comes first; its bytes move meanwhile.
+      // whichever comes first; its bytes move meanwhile, at
+      // ClusterSpec::CommCorunWaitRate() while its ranks compute.
       Flow& f = flows_[id];
       f.waiting = true;
       waiting_.push_back(id);
@@ -447,7 +450,11 @@ class Simulator {
     ++f.wait_version;  // the other way of ending the wait is void
     f.waiting = false;
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
-    if (f.transfer_done) TransferDone(id);
+    if (f.transfer_done) {
+      TransferDone(id);
+    } else if (std::find(active_flows_.begin(), active_flows_.end(), id) != active_flows_.end()) {
+      ShareLinks();  // its FlowCap changed
+    }
   }
 
   /// After rank `sr` stopped computing (its next kernels, if any, started):
@@ -492,10 +499,14 @@ class Simulator {
       f.fresh = true;
       f.rate = 1;
       f.last_us = now_;
+      f.left_us -= std::min(f.left_us, BurstCredit(f));
+      for (const auto& [link, x] : f.demand) ++link_flows_[link];
       active_flows_.push_back(id);
       ShareLinks();
       return;
     }
+    for (const auto& [link, x] : f.demand)
+      if (--link_flows_[link] == 0) link_idle_since_[link] = now_;
     active_flows_.erase(std::find(active_flows_.begin(), active_flows_.end(), id));
     ShareLinks();
     for (int m : rvs_[id].members)
@@ -550,11 +561,29 @@ class Simulator {
     }
   }
 
-  /// A transfer's top speed: 1 (its price), or 1 / (1 + c) while one of its
-  /// ranks computes (ClusterSpec::comm_corun_slowdown: its progress needs
-  /// the cores the compute takes).
+  /// The transfer time a flow joining its links now saves because they idled
+  /// (ClusterSpec::link_burst_us: a token bucket refilled at the link's rate,
+  /// so idle time t buys min(t, burst) of transfer); 0 when one of them
+  /// carries a transfer.
+  double BurstCredit(const Flow& f) const {
+    if (link_burst_us_ <= 0 || f.demand.empty()) return 0;
+    double idle_us = link_burst_us_;
+    for (const auto& [link, x] : f.demand) {
+      if (auto n = link_flows_.find(link); n != link_flows_.end() && n->second > 0) return 0;
+      if (auto it = link_idle_since_.find(link); it != link_idle_since_.end())
+        idle_us = std::min(idle_us, now_ - it->second);
+    }
+    return std::max(0.0, idle_us);
+  }
+
+  /// A transfer's top speed: 1 (its price), or while one of its ranks
+  /// computes (its progress needs the cores the compute takes) 1 / (1 + c)
+  /// (ClusterSpec::comm_corun_slowdown), and during its co-run wait
+  /// ClusterSpec::CommCorunWaitRate().
   double FlowCap(int id) const {
-    return comm_corun_ > 0 && AnyComputing(rvs_[id]) ? 1 / (1 + comm_corun_) : 1;
+    if (!AnyComputing(rvs_[id])) return 1;
+    if (flows_[id].waiting) return comm_wait_rate_;
+    return comm_corun_ > 0 ? 1 / (1 + comm_corun_) : 1;
   }
 
   /// Compute speed on a rank with `n` communication ops in flight: the
@@ -736,6 +765,10 @@ class Simulator {
   std::vector<LinkLoad> load_;     // per op: its links' load (comm ops)
   std::vector<Flow> flows_;        // per rendezvous: its transfer over shared links
   std::vector<int> active_flows_;  // rendezvous ids whose transfer is on its links
+  std::map<int, int> link_flows_;          // global link id -> transfers on it now
+  std::map<int, double> link_idle_since_;  // global link id -> when its last transfer ended (absent: never used)
+  double link_burst_us_ = 0;               // ClusterSpec::link_burst_us
+  double comm_wait_rate_ = 1;              // ClusterSpec::CommCorunWaitRate()
   const std::vector<GraphIndex>& indexes_;  // one per graph of p_
   std::vector<int> ranks_;
   std::vector<SimRank> sim_;

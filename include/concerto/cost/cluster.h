@@ -124,6 +124,23 @@ struct ClusterSpec {
   /// alone; on the 2-vCPU testbed 2 KiB all_reduces took 5-30 ms beside
   /// backward kernels where alone they take 0.05 ms). 0 for GPUs.
   double comm_corun_latency_us = 0;
+  /// A link that idled gives the next transfer on it a head start: idle time
+  /// t takes min(t, this) off its transfer time (a token bucket refilled at
+  /// the link's rate: a shaped or policed link, tbf on the testbed). The
+  /// collective prices are timed back to back, with the bucket empty.
+  /// `concerto profile` measures it: a 1 MiB all_reduce right after another
+  /// against one after 5 ms idle (1.1-1.3 ms on the testbed). 0 for GPUs.
+  double link_burst_us = 0;
+  /// A transfer's speed during its co-run wait (comm_corun_latency_us) while
+  /// its ranks compute, as a fraction of its priced speed: MPI's thread gets
+  /// a core now and then (`concerto profile` measures it: a 512 KiB
+  /// all_reduce issued beside ~10 ms of kernels, how much of it was done when
+  /// they stopped; 0.2-0.3 on the testbed). -1: 1 / (1 + comm_corun_slowdown),
+  /// as after the wait (files written before the eighteenth session).
+  double comm_corun_wait_rate = -1;
+  double CommCorunWaitRate() const {
+    return comm_corun_wait_rate >= 0 ? comm_corun_wait_rate : 1 / (1 + comm_corun_slowdown);
+  }
   /// The co-run slowdown of streaming kernels (corun_slowdown_memory, or
   /// corun_slowdown when that is -1).
   double CorunSlowdownMemory() const { return corun_slowdown_memory >= 0 ? corun_slowdown_memory : corun_slowdown; }

@@ -208,6 +208,13 @@ struct InterferenceOptions {
   /// The small all_reduce that measures the per-message co-run latency
   /// (comm_corun_latency_us): small enough that its transfer is nothing.
   int64_t small_comm_bytes = 2048;
+  /// The mid-size all_reduce that measures the link's burst (link_burst_us:
+  /// right after another against after idle_us of idle) and a transfer's
+  /// speed in its co-run wait (comm_corun_wait_rate: issued beside the
+  /// kernels for 0.6 x the round's wait, how much of it was done when they
+  /// stopped).
+  int64_t mid_comm_bytes = 1 << 20;
+  int64_t idle_us = 5000;
   /// The compute kernels, run with the runtime's own kernels (RunKernel):
   /// a matmul [m, m] x [m, m] and an elementwise add of this many floats.
   int64_t matmul_size = 512;
@@ -245,12 +252,20 @@ struct InterferenceMeasurement {
   double corun_memory = 0;    // their median: the co-run slowdown of streaming kernels
   std::vector<double> comm_alone_us;       // per round: the all_reduce of comm_bytes, nothing computing
   std::vector<double> comm_computing_us;   // per round: its median while every rank computes
-  std::vector<double> comm_corun_round_factors;  // computing / alone - 1, clamped to [0, 10]
+  std::vector<double> comm_corun_round_factors;  // (computing - the wait's cost) / alone - 1, clamped to [0, 10]
   double comm_corun = 0;      // their median: the communication's co-run slowdown
   int64_t small_comm_bytes = 0;
   std::vector<double> small_comm_alone_us;      // per round: the small all_reduce's median, nothing computing
   std::vector<double> small_comm_computing_us;  // per round: its median while every rank computes
   double comm_corun_latency_us = 0;  // median over the rounds of max(0, computing - alone)
+  int64_t mid_comm_bytes = 0;
+  std::vector<double> mid_back_to_back_us;  // per round: the mid-size all_reduce right after another
+  std::vector<double> mid_idle_us;          // per round: the same after idle_us of idle
+  double link_burst_us = 0;                 // median over the rounds of max(0, back_to_back - idle)
+  std::vector<double> mid_wait_compute_us;  // per round: the compute beside it in the wait probe
+  std::vector<double> mid_wait_after_us;    // per round: its end after that compute stopped
+  std::vector<double> wait_rate_round_factors;  // (idle - after) / compute, clamped to [0, 1]
+  double comm_corun_wait_rate = -1;         // their median (-1: not measured)
 };
 
 /// f = (sum of the kernels' overlapped times) / (sum of their alone times)
@@ -271,12 +286,21 @@ double MedianFactor(const std::vector<double>& factors);
 /// corun_memory_round_factors and corun_memory). After the every-rank
 /// phase one all_reduce of comm_bytes runs with nothing computing
 /// (comm_alone_us); the overlapped phase's all_reduces, which run while every
-/// rank computes, give comm_computing_us; per round computing / alone - 1 goes
-/// to comm_corun_round_factors, their median to comm_corun. Last, a small
+/// rank computes, give comm_computing_us. Then a small
 /// all_reduce (small_comm_bytes) is timed alone (small_comm_alone_us) and
 /// issued back to back while every rank runs the kernels (min_time_s;
 /// small_comm_computing_us): the per-message wait for a core,
 /// comm_corun_latency_us, is the median over the rounds of the difference.
+/// Then an all_reduce of mid_comm_bytes, timed on its slowest rank: right
+/// after another and after idle_us of idle (mid_back_to_back_us,
+/// mid_idle_us: the link's burst, link_burst_us, is the median over the
+/// rounds of the difference), and issued after idle_us beside the kernels
+/// for 0.6 x the round's wait (mid_wait_compute_us, its end after they
+/// stopped mid_wait_after_us): (idle - after) / compute is the share of it
+/// that moved beside them, wait_rate_round_factors, their median
+/// comm_corun_wait_rate. Per round (computing - wait x (1 - wait rate)) /
+/// alone - 1 (what remains after each message's wait) goes to
+/// comm_corun_round_factors, their median to comm_corun.
 /// Alone: after a world barrier every rank times each kernel. Overlapped:
 /// a second thread issues all_reduces of comm_bytes on the world back to
 /// back while this thread times the kernels, keeping a run only when the
@@ -315,7 +339,8 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path);
 ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& comm, int ranks,
                                 const std::string& device_name, double interference = 0, double corun_slowdown = 0,
                                 double corun_slowdown_memory = -1, double comm_corun_slowdown = 0,
-                                double comm_corun_latency_us = 0);
+                                double comm_corun_latency_us = 0, double link_burst_us = 0,
+                                double comm_corun_wait_rate = -1);
 
 /// A profile database for `device`: every kernel sample, and for every
 /// collective op of `program` (if any) whose (type, group size, bytes) was
