@@ -338,7 +338,7 @@ class ClusterFileReader {
         {"comm_corun_slowdown", NumberField(&spec->comm_corun_slowdown)},
         {"comm_corun_latency_us", NumberField(&spec->comm_corun_latency_us)},
         {"link_burst_us", NumberField(&spec->link_burst_us)},
-        {"comm_corun_wait_rate", NumberField(&spec->comm_corun_wait_rate)},
+        {"comm_corun_hold_us", NumberField(&spec->comm_corun_hold_us)},
         {"topology", [&](const FileNode& n, const std::string& f) { return Map(n, f, topology_fields); }},
     };
     CONCERTO_RETURN_IF_ERROR(Map(root, "", top_fields));
@@ -564,10 +564,8 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
                  "must be a latency in [0, 1e7] us, got " + FormatNumber(spec.comm_corun_latency_us));
   if (!std::isfinite(spec.link_burst_us) || spec.link_burst_us < 0 || spec.link_burst_us > 1e7)
     return error("link_burst_us", "must be a time in [0, 1e7] us, got " + FormatNumber(spec.link_burst_us));
-  if (!std::isfinite(spec.comm_corun_wait_rate) ||
-      (spec.comm_corun_wait_rate != -1 && (spec.comm_corun_wait_rate < 0 || spec.comm_corun_wait_rate > 1)))
-    return error("comm_corun_wait_rate", "must be a speed fraction in [0, 1] (or -1: 1 / (1 + comm_corun_slowdown)), got " +
-                                             FormatNumber(spec.comm_corun_wait_rate));
+  if (!std::isfinite(spec.comm_corun_hold_us) || spec.comm_corun_hold_us < 0 || spec.comm_corun_hold_us > 1e7)
+    return error("comm_corun_hold_us", "must be a time in [0, 1e7] us, got " + FormatNumber(spec.comm_corun_hold_us));
   if (spec.corun_slowdown_memory != -1 &&
       (!std::isfinite(spec.corun_slowdown_memory) || spec.corun_slowdown_memory < 0 || spec.corun_slowdown_memory > 10))
     return error("corun_slowdown_memory", "must be a slowdown fraction in [0, 10] (or absent: as corun_slowdown), got " +
@@ -620,7 +618,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
   j["comm_corun_slowdown"] = spec.comm_corun_slowdown;
   if (spec.comm_corun_latency_us > 0) j["comm_corun_latency_us"] = spec.comm_corun_latency_us;
   if (spec.link_burst_us > 0) j["link_burst_us"] = spec.link_burst_us;
-  if (spec.comm_corun_wait_rate >= 0) j["comm_corun_wait_rate"] = spec.comm_corun_wait_rate;
+  if (spec.comm_corun_hold_us > 0) j["comm_corun_hold_us"] = spec.comm_corun_hold_us;
   const TopologySpec& t = spec.topology;
   j["topology"] = {{"intra_link", t.intra_link},
                    {"nics_per_node", t.nics_per_node},

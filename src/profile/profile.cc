@@ -16,6 +16,7 @@
 #include <set>
 #include <fstream>
 #include <sstream>
+#include <numeric>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -24,7 +25,10 @@
 #include "concerto/ir/graph_index.h"
 #include "concerto/ir/op_registry.h"
 #include "concerto/lower/transformer.h"
+#include "concerto/ir/json_io.h"
+#include "concerto/runtime/executor.h"
 #include "concerto/runtime/kernels.h"
+#include "concerto/schedule/schedule.h"
 
 namespace concerto {
 
@@ -731,6 +735,38 @@ std::vector<BenchKernel> InterferenceKernels(const InterferenceOptions& o) {
   return k;
 }
 
+/// The wait probe's program: on a mesh of `ranks`, a chain of `matmuls`
+/// square matmuls of `size` on the compute stream and an all_reduce of
+/// `floats` over every rank on the comm stream, issued once the first
+/// matmul is done (a control dependency), as a run issues a gradient's
+/// all_reduce and goes on computing (the all_reduce is op `matmuls`).
+std::string WaitProbeProgramJson(int ranks, int matmuls, int64_t size, int64_t floats) {
+  nlohmann::json tensors = nlohmann::json::array(), ops = nlohmann::json::array(), all = nlohmann::json::array();
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape) {
+    tensors.push_back({{"name", name}, {"shape", shape}, {"dtype", "f32"}});
+  };
+  tensor("a0", {size, size});
+  tensor("b", {size, size});
+  for (int k = 0; k < matmuls; ++k) {
+    tensor("a" + std::to_string(k + 1), {size, size});
+    ops.push_back({{"id", k}, {"name", "m" + std::to_string(k)}, {"kind", "compute"}, {"type", "matmul"},
+                   {"inputs", {"a" + std::to_string(k), "b"}}, {"outputs", {"a" + std::to_string(k + 1)}}});
+  }
+  tensor("g", {floats});
+  tensor("s", {floats});
+  ops.push_back({{"id", matmuls}, {"name", "ar"}, {"kind", "collective"}, {"stream", "comm"},
+                 {"collective", "all_reduce"}, {"group", {{"axes", {"x"}}}}, {"inputs", {"g"}}, {"outputs", {"s"}},
+                 {"control_deps", {0}}});
+  for (int r = 0; r < ranks; ++r) all.push_back(r);
+  nlohmann::json p = {{"format", "concerto-ir"},
+                      {"version", 1},
+                      {"name", "wait-probe"},
+                      {"mesh", {{"axes", {{{"name", "x"}, {"size", ranks}}}}}},
+                      {"graphs", {{{"name", "g0"}, {"streams", {"compute", "comm"}}, {"tensors", tensors}, {"ops", ops}}}},
+                      {"roles", {{{"name", "r"}, {"graph", "g0"}, {"ranks", all}}}}};
+  return p.dump();
+}
+
 }  // namespace
 
 double InterferenceFactor(const std::vector<InterferenceKernel>& kernels) {
@@ -946,49 +982,69 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     }
     m.mid_back_to_back_us.push_back(Median(back_to_back));
     m.mid_idle_us.push_back(Median(after_idle));
-    // Its speed in the co-run wait: issued after idle_us of idle beside the
-    // kernels for 0.6 x this round's wait (every rank's smallest), so that
-    // the kernels stop before the wait is over; what it still needed after
-    // they stopped, against its time alone, is what moved beside them.
+    // The first part of the co-run wait, in which its bytes do not move, as
+    // a run sees it: the runtime's executor runs a chain of matmuls on its
+    // compute stream and the all_reduce on its comm stream, issued once the
+    // first matmul is done (the rest last about this round's wait, every
+    // rank's smallest), after idle_us of idle. From its start (the last
+    // rank's) to its end on its slowest rank, less its time after idle, is
+    // how long it held (clamped to [0, the matmuls' time after its start]).
+    // (A second thread beside a tight kernel loop, as the other phases run
+    // it, is not what a run's stream threads do.)
     {
       float wait_us = std::max(0.0f, small_round_medians[small_round_medians.size() - 1] -
                                          small_round_medians[small_round_medians.size() - 2]);
       wait_us = -wait_us;  // every rank's smallest: the largest negation
       CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &wait_us, &wait_us, 1));
       wait_us = -wait_us;
-      const double target_us = std::clamp(0.6 * wait_us, 1000.0, 20000.0);
-      std::vector<double> computes, afters, rates;
-      for (int k = 0; k < std::max(o.min_samples, 5); ++k) {
+      const double target_us = std::clamp(static_cast<double>(wait_us), 1000.0, 40000.0);
+      float matmuls = static_cast<float>(std::clamp(
+          std::round(target_us / std::max(1.0, Median(std::vector<double>(
+                                                   alone[0].begin() + static_cast<int64_t>(alone_had[0]),
+                                                   alone[0].end())))),
+          1.0, 64.0)) + 1;  // the first runs before the all_reduce starts
+      CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &matmuls, &matmuls, 1));
+      Result<Program> probe = ParseProgram(WaitProbeProgramJson(n, static_cast<int>(matmuls), o.matmul_size,
+                                                                o.mid_comm_bytes / 4),
+                                           "the interference's wait probe");
+      if (!probe.ok()) return probe.status();
+      const ScheduledProgram sp{*probe, ProgramOrderSchedule(*probe, "fifo")};
+      Result<std::unique_ptr<RankSession>> session = RankSession::Create(sp, comm, RunOptions{});
+      if (!session.ok()) return session.status();
+      const int probe_ar = static_cast<int>(matmuls);  // the all_reduce follows the matmuls
+      std::vector<double> computes, afters, holds;
+      for (int k = 0; k < std::max(o.min_samples, 8); ++k) {
         CONCERTO_RETURN_IF_ERROR(barrier());
         std::this_thread::sleep_for(std::chrono::microseconds(o.idle_us));
-        const auto t0 = Clock::now();
-        Clock::time_point comm_end;
-        Status mid_status = Status::Ok();
-        std::thread mid_thread([&] {
-          mid_status = comm.AllReduce(world, ReduceOp::kSum, mid_send.data(), mid_recv.data(),
-                                      static_cast<int64_t>(mid_send.size()));
-          comm_end = Clock::now();
-        });
-        for (size_t i = 0; SecondsSince(t0) * 1e6 < target_us; i = (i + 1) % kernels.size()) {
-          Result<double> t = kernels[i].Time();
-          if (!t.ok()) {
-            mid_thread.join();
-            return t.status();
+        Result<std::vector<OpRecord>> records = (*session)->Step();
+        if (!records.ok()) return records.status();
+        // From the step's start: the last rank's compute end and the
+        // slowest rank's end of the all_reduce (the model's wait ends when
+        // none of its ranks computes).
+        // From the step's start: the last rank's compute end, the slowest
+        // rank's end of the all_reduce and its start on the last rank to
+        // reach it (the model's wait ends when none of its ranks computes).
+        float v[3] = {0, 0, 0};
+        for (const OpRecord& r : *records) {
+          if (r.op_index == probe_ar) {
+            v[1] = std::max(v[1], static_cast<float>(r.end_us));
+            v[2] = std::max(v[2], static_cast<float>(r.start_us));
+          } else {
+            v[0] = std::max(v[0], static_cast<float>(r.end_us));
           }
         }
-        const auto stop = Clock::now();
-        mid_thread.join();
-        CONCERTO_RETURN_IF_ERROR(mid_status);
-        float v[2] = {static_cast<float>(std::chrono::duration<double, std::micro>(stop - t0).count()),
-                      static_cast<float>(std::max(0.0, std::chrono::duration<double, std::micro>(comm_end - stop).count()))};
-        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, v, v, 2));
-        computes.push_back(v[0]);
-        afters.push_back(v[1]);
-        rates.push_back(std::clamp((m.mid_idle_us.back() - v[1]) / std::max(1.0, static_cast<double>(v[0])), 0.0, 1.0));
+        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, v, v, 3));
+        const double beside_us = std::max(0.0f, v[0] - v[2]);
+        computes.push_back(beside_us);
+        afters.push_back(std::max(0.0f, v[1] - v[0]));
+        holds.push_back(std::clamp(static_cast<double>(v[1] - v[2]) - m.mid_idle_us.back(), 0.0, beside_us));
       }
       m.mid_wait_compute_us.push_back(Median(computes));
       m.mid_wait_after_us.push_back(Median(afters));
-      m.wait_rate_round_factors.push_back(Median(rates));
+      // The mean: when MPI's thread gets its slice varies from one
+      // repetition to the next, and the model wants the expected hold.
+      m.hold_round_us.push_back(std::accumulate(holds.begin(), holds.end(), 0.0) / static_cast<double>(holds.size()));
+      m.hold_samples_us.insert(m.hold_samples_us.end(), holds.begin(), holds.end());
     }
     for (size_t i = 0; i < kernels.size(); ++i) {
       round_medians.push_back(static_cast<float>(
@@ -1058,12 +1114,10 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     m.small_comm_alone_us.push_back(medians[small_at + 2 * r] / n);
     m.small_comm_computing_us.push_back(medians[small_at + 2 * r + 1] / n);
     small_waits.push_back(std::max(0.0, m.small_comm_computing_us.back() - m.small_comm_alone_us.back()));
-    // Each all_reduce of the back-to-back stream began with its co-run wait,
-    // which the simulator charges apart (at comm_corun_wait_rate): the
-    // slowdown is what remains.
-    const double wait_cost_us = small_waits.back() * (1 - m.wait_rate_round_factors[r]);
+    // Each all_reduce of the back-to-back stream began with its hold, which
+    // the simulator charges apart: the slowdown is what remains.
     m.comm_corun_round_factors.push_back(
-        CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back() - wait_cost_us}));
+        CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back() - m.hold_round_us[r]}));
   }
   m.interference = MedianFactor(m.round_factors);
   m.corun = MedianFactor(m.corun_round_factors);
@@ -1076,7 +1130,7 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   for (size_t r = 0; r < m.mid_idle_us.size(); ++r)
     bursts.push_back(std::max(0.0, m.mid_back_to_back_us[r] - m.mid_idle_us[r]));
   m.link_burst_us = MedianFactor(bursts);
-  m.comm_corun_wait_rate = m.wait_rate_round_factors.empty() ? -1 : Median(m.wait_rate_round_factors);
+  m.comm_corun_hold_us = MedianFactor(m.hold_round_us);
   return m;
 }
 
@@ -1128,8 +1182,9 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
                       {"link_burst_us", m.link_burst_us},
                       {"mid_wait_compute_us", m.mid_wait_compute_us},
                       {"mid_wait_after_us", m.mid_wait_after_us},
-                      {"wait_rate_round_factors", m.wait_rate_round_factors},
-                      {"comm_corun_wait_rate", m.comm_corun_wait_rate},
+                      {"hold_round_us", m.hold_round_us},
+                      {"hold_samples_us", m.hold_samples_us},
+                      {"comm_corun_hold_us", m.comm_corun_hold_us},
                       {"kernels", nlohmann::json::array()}};
   for (const InterferenceKernel& k : m.kernels)
     j["kernels"].push_back({{"kernel", k.kernel},
@@ -1201,25 +1256,26 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
   m.small_comm_bytes = j.value("small_comm_bytes", int64_t{0});
   numbers("small_comm_alone_us", &m.small_comm_alone_us);
   numbers("small_comm_computing_us", &m.small_comm_computing_us);
-  // Absent before the eighteenth session: 0 and -1 (not measured).
+  // Absent before the eighteenth session: 0.
   if (j.contains("link_burst_us")) {
     const nlohmann::json& v = j["link_burst_us"];
     if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 1e7)
       return Status::Error(path + ": field 'link_burst_us' must be a number in [0, 1e7]");
     m.link_burst_us = v.get<double>();
   }
-  if (j.contains("comm_corun_wait_rate")) {
-    const nlohmann::json& v = j["comm_corun_wait_rate"];
-    if (!v.is_number() || !(v.get<double>() == -1 || (v.get<double>() >= 0 && v.get<double>() <= 1)))
-      return Status::Error(path + ": field 'comm_corun_wait_rate' must be -1 or a number in [0, 1]");
-    m.comm_corun_wait_rate = v.get<double>();
+  if (j.contains("comm_corun_hold_us")) {
+    const nlohmann::json& v = j["comm_corun_hold_us"];
+    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 1e7)
+      return Status::Error(path + ": field 'comm_corun_hold_us' must be a number in [0, 1e7]");
+    m.comm_corun_hold_us = v.get<double>();
   }
   m.mid_comm_bytes = j.value("mid_comm_bytes", int64_t{0});
   numbers("mid_back_to_back_us", &m.mid_back_to_back_us);
   numbers("mid_idle_us", &m.mid_idle_us);
   numbers("mid_wait_compute_us", &m.mid_wait_compute_us);
   numbers("mid_wait_after_us", &m.mid_wait_after_us);
-  numbers("wait_rate_round_factors", &m.wait_rate_round_factors);
+  numbers("hold_round_us", &m.hold_round_us);
+  numbers("hold_samples_us", &m.hold_samples_us);
   return m;
 }
 
@@ -1227,7 +1283,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
                                 const std::string& device_name, double interference, double corun_slowdown,
                                 double corun_slowdown_memory, double comm_corun_slowdown,
                                 double comm_corun_latency_us, double link_burst_us,
-                                double comm_corun_wait_rate) {
+                                double comm_corun_hold_us) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
@@ -1252,7 +1308,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.comm_corun_slowdown = std::clamp(comm_corun_slowdown, 0.0, 10.0);
   c.comm_corun_latency_us = std::clamp(comm_corun_latency_us, 0.0, 1e7);
   c.link_burst_us = std::clamp(link_burst_us, 0.0, 1e7);
-  c.comm_corun_wait_rate = comm_corun_wait_rate < 0 ? -1 : std::clamp(comm_corun_wait_rate, 0.0, 1.0);
+  c.comm_corun_hold_us = std::clamp(comm_corun_hold_us, 0.0, c.comm_corun_latency_us);
   return c;
 }
 

@@ -20,6 +20,7 @@ constexpr int kFlowJoin = 0;  // a transfer's latency is over: it joins its link
 constexpr int kFlowEnd = 1;   // a transfer ends: every member of its rendezvous finishes
 constexpr int kWaitEnd = 2;   // a rendezvous's co-run wait is over (ClusterSpec::comm_corun_latency_us)
 constexpr int kTransferEnd = 3;  // a transfer off the shared links ends
+constexpr int kHoldEnd = 4;      // a held transfer's hold is over (ClusterSpec::comm_corun_hold_us)
 
 /// The link resources of one simulated rank (docs/cost-model.md, "Shared links").
 enum LinkSlot { kIntraTx = 0, kIntraRx = 1, kInterTx = 2, kInterRx = 3, kLinkSlots = 4 };
@@ -32,6 +33,9 @@ struct Flow {
   bool waiting = false;        // in its co-run wait (ClusterSpec::comm_corun_latency_us)
   int wait_version = 0;        // its kWaitEnd event's (a wait ended early voids it)
   bool transfer_done = false;  // its transfer ended during the wait
+  bool held = false;           // in the first part of its wait, moving nothing (ClusterSpec::comm_corun_hold_us)
+  double held_dur_us = 0;      // while held: the transfer's price, started when the hold ends
+  int held_longest = -1;       // while held: the member that priced it
   double rate = 1;
   double last_us = 0;
   int version = 0;
@@ -128,7 +132,7 @@ class Simulator {
     comm_corun_ = cost.cluster().comm_corun_slowdown;
     comm_corun_latency_us_ = cost.cluster().comm_corun_latency_us;
     link_burst_us_ = cost.cluster().link_burst_us;
-    comm_wait_rate_ = cost.cluster().CommCorunWaitRate();
+    comm_hold_us_ = std::min(cost.cluster().comm_corun_hold_us, cost.cluster().comm_corun_latency_us);
     bus_ = cost.cluster().topology.IsBus();
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
@@ -149,6 +153,12 @@ class Simulator {
         if (e.version != flows_[e.gid].wait_version) continue;  // its ranks stopped computing first
         now_ = e.time_us;
         EndWait(e.gid);
+        continue;
+      }
+      if (e.flow == kHoldEnd) {
+        if (e.version != flows_[e.gid].wait_version) continue;  // its ranks stopped computing first
+        now_ = e.time_us;
+        EndHold(e.gid);
         continue;
       }
       if (e.flow == kTransferEnd) {
@@ -395,14 +405,30 @@ class Simulator {
     if (comm_corun_latency_us_ > 0 && AnyComputing(rv)) {
       // Its completion waits for a core: it ends no earlier than
       // comm_corun_latency_us from now or its ranks' compute stopping,
-      // whichever comes first; its bytes move meanwhile, at
-      // ClusterSpec::CommCorunWaitRate() while its ranks compute.
+      // whichever comes first; its bytes move meanwhile, except in its
+      // first comm_corun_hold_us (or until they stop computing).
       Flow& f = flows_[id];
       f.waiting = true;
       waiting_.push_back(id);
       queue_.push({now_ + comm_corun_latency_us_, seq_++, id, f.wait_version, kWaitEnd});
+      if (comm_hold_us_ > 0) {
+        f.held = true;
+        f.held_dur_us = dur;
+        f.held_longest = longest;
+        queue_.push({now_ + comm_hold_us_, seq_++, id, f.wait_version, kHoldEnd});
+        return;
+      }
     }
     BeginTransfer(id, dur, longest);
+  }
+
+  /// A held transfer (ClusterSpec::comm_corun_hold_us) starts: its hold
+  /// passed, or its ranks stopped computing.
+  void EndHold(int id) {
+    Flow& f = flows_[id];
+    if (!f.held) return;
+    f.held = false;
+    BeginTransfer(id, f.held_dur_us, f.held_longest);
   }
 
   /// A rendezvous whose members have all arrived starts its transfer (its
@@ -447,14 +473,11 @@ class Simulator {
   /// computing): if its transfer is done, its members finish now.
   void EndWait(int id) {
     Flow& f = flows_[id];
-    ++f.wait_version;  // the other way of ending the wait is void
+    ++f.wait_version;  // the other way of ending the wait (and its hold) is void
     f.waiting = false;
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
-    if (f.transfer_done) {
-      TransferDone(id);
-    } else if (std::find(active_flows_.begin(), active_flows_.end(), id) != active_flows_.end()) {
-      ShareLinks();  // its FlowCap changed
-    }
+    EndHold(id);
+    if (f.transfer_done) TransferDone(id);
   }
 
   /// After rank `sr` stopped computing (its next kernels, if any, started):
@@ -576,14 +599,11 @@ class Simulator {
     return std::max(0.0, idle_us);
   }
 
-  /// A transfer's top speed: 1 (its price), or while one of its ranks
-  /// computes (its progress needs the cores the compute takes) 1 / (1 + c)
-  /// (ClusterSpec::comm_corun_slowdown), and during its co-run wait
-  /// ClusterSpec::CommCorunWaitRate().
+  /// A transfer's top speed: 1 (its price), or 1 / (1 + c) while one of its
+  /// ranks computes (ClusterSpec::comm_corun_slowdown: its progress needs
+  /// the cores the compute takes).
   double FlowCap(int id) const {
-    if (!AnyComputing(rvs_[id])) return 1;
-    if (flows_[id].waiting) return comm_wait_rate_;
-    return comm_corun_ > 0 ? 1 / (1 + comm_corun_) : 1;
+    return comm_corun_ > 0 && AnyComputing(rvs_[id]) ? 1 / (1 + comm_corun_) : 1;
   }
 
   /// Compute speed on a rank with `n` communication ops in flight: the
@@ -768,7 +788,7 @@ class Simulator {
   std::map<int, int> link_flows_;          // global link id -> transfers on it now
   std::map<int, double> link_idle_since_;  // global link id -> when its last transfer ended (absent: never used)
   double link_burst_us_ = 0;               // ClusterSpec::link_burst_us
-  double comm_wait_rate_ = 1;              // ClusterSpec::CommCorunWaitRate()
+  double comm_hold_us_ = 0;                // ClusterSpec::comm_corun_hold_us (at most the wait)
   const std::vector<GraphIndex>& indexes_;  // one per graph of p_
   std::vector<int> ranks_;
   std::vector<SimRank> sim_;

@@ -261,6 +261,22 @@ TEST(CostClusterTest, ValidateNamesField) {
   EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
             "my.yaml: field 'comm_corun_latency_us': must be a latency in [0, 1e7] us, got -5");
   c.comm_corun_latency_us = 0;
+  // The link's burst and the first part of the co-run wait, in which a
+  // transfer moves nothing.
+  EXPECT_EQ(c.link_burst_us, 0);
+  EXPECT_EQ(c.comm_corun_hold_us, 0);
+  c.link_burst_us = 1300;
+  c.comm_corun_hold_us = 7000;
+  EXPECT_EQ(ParseCluster(ClusterToJson(c), "c.json", true)->link_burst_us, 1300);
+  EXPECT_EQ(ParseCluster(ClusterToJson(c), "c.json", true)->comm_corun_hold_us, 7000);
+  c.link_burst_us = -1;
+  EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
+            "my.yaml: field 'link_burst_us': must be a time in [0, 1e7] us, got -1");
+  c.link_burst_us = 0;
+  c.comm_corun_hold_us = -2;
+  EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
+            "my.yaml: field 'comm_corun_hold_us': must be a time in [0, 1e7] us, got -2");
+  c.comm_corun_hold_us = 0;
   c.corun_slowdown_memory = 11;
   EXPECT_NE(ValidateCluster(c, "my.yaml").message().find("field 'corun_slowdown_memory': must be a slowdown fraction"),
             std::string::npos);

@@ -280,6 +280,8 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   o.rounds = 2;
   o.min_samples = 2;
   o.min_time_s = 0.01;
+  o.mid_comm_bytes = 1 << 16;
+  o.idle_us = 1000;
   Result<InterferenceMeasurement> m = MeasureInterferenceInProcess(2, o);
   ASSERT_TRUE(m.ok()) << m.status().message();
   ASSERT_EQ(m->kernels.size(), 2u);
@@ -309,6 +311,25 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
     waits.push_back(std::max(0.0, m->small_comm_computing_us[r] - m->small_comm_alone_us[r]));
   }
   EXPECT_DOUBLE_EQ(m->comm_corun_latency_us, MedianFactor(waits));
+  // The mid-size all_reduce: per round right after another, after an idle
+  // pause and beside the kernels; the burst is the median of the per-round
+  // differences (clamped at 0), the wait rate the median of the rounds'.
+  EXPECT_EQ(m->mid_comm_bytes, o.mid_comm_bytes);
+  ASSERT_EQ(m->mid_back_to_back_us.size(), 2u);
+  ASSERT_EQ(m->mid_idle_us.size(), 2u);
+  ASSERT_EQ(m->hold_round_us.size(), 2u);
+  std::vector<double> bursts;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GT(m->mid_back_to_back_us[r], 0);
+    EXPECT_GT(m->mid_idle_us[r], 0);
+    EXPECT_GE(m->mid_wait_compute_us[r], 0);  // the matmuls after the all_reduce's start (threads: may be none)
+    EXPECT_GE(m->hold_round_us[r], 0);
+    bursts.push_back(std::max(0.0, m->mid_back_to_back_us[r] - m->mid_idle_us[r]));
+  }
+  EXPECT_DOUBLE_EQ(m->link_burst_us, MedianFactor(bursts));
+  EXPECT_DOUBLE_EQ(m->comm_corun_hold_us, MedianFactor(m->hold_round_us));
+  ASSERT_EQ(m->hold_samples_us.size(), 16u);  // 8 repetitions per round
+  for (double h : m->hold_samples_us) EXPECT_GE(h, 0);
   const std::string path = testing::TempDir() + "/interference.json";
   {
     std::ofstream out(path);
@@ -324,9 +345,20 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   EXPECT_EQ(back->corun_round_factors, m->corun_round_factors);
   EXPECT_DOUBLE_EQ(back->comm_corun_latency_us, m->comm_corun_latency_us);
   EXPECT_EQ(back->small_comm_computing_us, m->small_comm_computing_us);
-  // The cluster takes the factor and the latency.
+  EXPECT_DOUBLE_EQ(back->link_burst_us, m->link_burst_us);
+  EXPECT_DOUBLE_EQ(back->comm_corun_hold_us, m->comm_corun_hold_us);
+  EXPECT_EQ(back->mid_idle_us, m->mid_idle_us);
+  EXPECT_EQ(back->hold_round_us, m->hold_round_us);
+  // The cluster takes the factor, the latency, the burst and the hold (at
+  // most the latency).
   EXPECT_DOUBLE_EQ(
       MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0, 0, -1, 0, 1500).comm_corun_latency_us, 1500);
+  const ClusterSpec fitted = MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0, 0, -1, 0, 1500, 1200, 700);
+  EXPECT_DOUBLE_EQ(fitted.link_burst_us, 1200);
+  EXPECT_DOUBLE_EQ(fitted.comm_corun_hold_us, 700);
+  EXPECT_DOUBLE_EQ(
+      MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0, 0, -1, 0, 1500, 0, 9000).comm_corun_hold_us,
+      1500);
   EXPECT_DOUBLE_EQ(MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0.25).interference, 0.25);
   // Errors name what is wrong.
   EXPECT_NE(MeasureInterferenceInProcess(1, o).status().message().find("at least 2 ranks"), std::string::npos);
@@ -336,11 +368,21 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   o.small_comm_bytes = 0;
   EXPECT_NE(MeasureInterferenceInProcess(2, o).status().message().find("small_comm_bytes must be a positive"),
             std::string::npos);
+  o.small_comm_bytes = 2048;
+  o.mid_comm_bytes = 10;
+  EXPECT_NE(MeasureInterferenceInProcess(2, o).status().message().find("mid_comm_bytes must be a positive multiple of 4"),
+            std::string::npos);
   {
     std::ofstream out(path);
     out << R"({"format": "concerto-interference", "interference": 0.1, "comm_corun_latency_us": -3, "kernels": []})";
   }
   EXPECT_NE(ReadInterference(path).status().message().find("field 'comm_corun_latency_us' must be a number"),
+            std::string::npos);
+  {
+    std::ofstream out(path);
+    out << R"({"format": "concerto-interference", "interference": 0.1, "comm_corun_hold_us": -2, "kernels": []})";
+  }
+  EXPECT_NE(ReadInterference(path).status().message().find("field 'comm_corun_hold_us' must be a number"),
             std::string::npos);
   {
     std::ofstream out(path);

@@ -866,7 +866,7 @@ int CmdProfile(const ProfileFlags& pf) {
       MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference, pf.no_corun ? 0 : corun,
                           pf.no_corun ? 0 : interference->corun_memory, pf.no_corun ? 0 : interference->comm_corun,
                           pf.no_corun ? 0 : interference->comm_corun_latency_us, interference->link_burst_us,
-                          pf.no_corun ? -1 : interference->comm_corun_wait_rate);
+                          pf.no_corun ? 0 : interference->comm_corun_hold_us);
   const ProfileDb db = MakeProfileDb(device, kernels, *samples, program.get(), cluster);
   const std::string cluster_path = pf.out_dir + "/cpu-local.json", db_path = pf.out_dir + "/profile.json";
   if (Status s = WriteTextFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
@@ -904,8 +904,8 @@ int CmdProfile(const ProfileFlags& pf) {
                         {"comm_corun_latency_us", interference->comm_corun_latency_us},
                         {"small_comm_alone_us", interference->small_comm_alone_us},
                         {"small_comm_computing_us", interference->small_comm_computing_us},
-                        {"comm_corun_wait_rate", interference->comm_corun_wait_rate},
-                        {"wait_rate_round_factors", interference->wait_rate_round_factors},
+                        {"comm_corun_hold_us", interference->comm_corun_hold_us},
+                        {"hold_round_us", interference->hold_round_us},
                         {"link_burst_us", interference->link_burst_us},
                         {"mid_comm_bytes", interference->mid_comm_bytes},
                         {"mid_back_to_back_us", interference->mid_back_to_back_us},
@@ -931,8 +931,8 @@ int CmdProfile(const ProfileFlags& pf) {
       "interference: {:.3f} (compute at 1/(1+f) while an all_reduce of {} bytes is in flight)\n"
       "co-run slowdown: {:.3f} compute-bound, {:.3f} streaming kernels (kernels while every rank computes against "
       "rank 0 computing alone), {:.3f} communication (an all_reduce while every rank computes against one alone), "
-      "{:.1f} us more per message (a small all_reduce likewise), moving at {:.2f} of its speed meanwhile (an "
-      "all_reduce of {} bytes beside the kernels); {}\n"
+      "{:.1f} us more per message (a small all_reduce likewise), of which a transfer moves nothing in the first "
+      "{:.1f} us (an all_reduce of {} bytes beside matmuls, run by the executor); {}\n"
       "link burst: {:.1f} us (that all_reduce right after another against after an idle pause; in the cluster)\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
       kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
@@ -948,10 +948,10 @@ int CmdProfile(const ProfileFlags& pf) {
                         100 * std::expm1(comm->bus_one_way_error)),
       interference->interference,
       interference->comm_bytes, corun, interference->corun_memory, interference->comm_corun,
-      interference->comm_corun_latency_us, interference->comm_corun_wait_rate, interference->mid_comm_bytes,
+      interference->comm_corun_latency_us, interference->comm_corun_hold_us, interference->mid_comm_bytes,
       pf.no_corun ? "not in the cluster: --no-corun"
                   : "the cluster's corun_slowdown, corun_slowdown_memory, comm_corun_slowdown, comm_corun_latency_us "
-                    "and comm_corun_wait_rate",
+                    "and comm_corun_hold_us",
       interference->link_burst_us,
       db.size(), db_path, cluster_path);
   for (const InterferenceKernel& k : interference->kernels)
@@ -1129,7 +1129,7 @@ int RealMain(int argc, char** argv) {
   profile->add_option("--profile", pf.base,
                       "--from-trace, --kernels-only, --merge: the profile database to update (its other entries are kept)");
   profile->add_flag("--no-corun", pf.no_corun,
-                    "write corun_slowdown, corun_slowdown_memory, comm_corun_slowdown and comm_corun_latency_us 0 (and comm_corun_wait_rate -1) into the cluster "
+                    "write corun_slowdown, corun_slowdown_memory, comm_corun_slowdown and comm_corun_latency_us and comm_corun_hold_us 0 into the cluster "
                     "(default: as measured: the interference kernels' time while every rank computes over rank 0's "
                     "alone, per kernel class, and an all_reduce's time while every rank computes over its time "
                     "alone; the simulator applies them while other ranks of the node compute)");

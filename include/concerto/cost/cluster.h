@@ -131,16 +131,15 @@ struct ClusterSpec {
   /// `concerto profile` measures it: a 1 MiB all_reduce right after another
   /// against one after 5 ms idle (1.1-1.3 ms on the testbed). 0 for GPUs.
   double link_burst_us = 0;
-  /// A transfer's speed during its co-run wait (comm_corun_latency_us) while
-  /// its ranks compute, as a fraction of its priced speed: MPI's thread gets
-  /// a core now and then (`concerto profile` measures it: a 512 KiB
-  /// all_reduce issued beside ~10 ms of kernels, how much of it was done when
-  /// they stopped; 0.2-0.3 on the testbed). -1: 1 / (1 + comm_corun_slowdown),
-  /// as after the wait (files written before the eighteenth session).
-  double comm_corun_wait_rate = -1;
-  double CommCorunWaitRate() const {
-    return comm_corun_wait_rate >= 0 ? comm_corun_wait_rate : 1 / (1 + comm_corun_slowdown);
-  }
+  /// The first part of the co-run wait (at most comm_corun_latency_us):
+  /// a transfer that starts while its ranks compute moves nothing for this
+  /// long, or until they stop computing, then its bytes move (at
+  /// 1 / (1 + comm_corun_slowdown) while they still compute). `concerto
+  /// profile` measures it through the runtime's executor: a 1 MiB all_reduce
+  /// beside a chain of matmuls about the wait long, how much of it was left
+  /// when they stopped (6-8 ms on the testbed, where a 2 KiB message's wait
+  /// is 12-14 ms). 0: its bytes move from the start.
+  double comm_corun_hold_us = 0;
   /// The co-run slowdown of streaming kernels (corun_slowdown_memory, or
   /// corun_slowdown when that is -1).
   double CorunSlowdownMemory() const { return corun_slowdown_memory >= 0 ? corun_slowdown_memory : corun_slowdown; }

@@ -209,10 +209,10 @@ struct InterferenceOptions {
   /// (comm_corun_latency_us): small enough that its transfer is nothing.
   int64_t small_comm_bytes = 2048;
   /// The mid-size all_reduce that measures the link's burst (link_burst_us:
-  /// right after another against after idle_us of idle) and a transfer's
-  /// speed in its co-run wait (comm_corun_wait_rate: issued beside the
-  /// kernels for 0.6 x the round's wait, how much of it was done when they
-  /// stopped).
+  /// right after another against after idle_us of idle) and the first part
+  /// of the co-run wait, in which a transfer moves nothing
+  /// (comm_corun_hold_us: run by the executor beside a chain of matmuls
+  /// about the round's wait long, its end less its time after idle).
   int64_t mid_comm_bytes = 1 << 20;
   int64_t idle_us = 5000;
   /// The compute kernels, run with the runtime's own kernels (RunKernel):
@@ -264,8 +264,10 @@ struct InterferenceMeasurement {
   double link_burst_us = 0;                 // median over the rounds of max(0, back_to_back - idle)
   std::vector<double> mid_wait_compute_us;  // per round: the compute beside it in the wait probe
   std::vector<double> mid_wait_after_us;    // per round: its end after that compute stopped
-  std::vector<double> wait_rate_round_factors;  // (idle - after) / compute, clamped to [0, 1]
-  double comm_corun_wait_rate = -1;         // their median (-1: not measured)
+  std::vector<double> hold_round_us;        // per round: the mean over repetitions of end - idle,
+                                            // clamped to [0, compute]
+  std::vector<double> hold_samples_us;      // every repetition's, round after round
+  double comm_corun_hold_us = 0;            // their median
 };
 
 /// f = (sum of the kernels' overlapped times) / (sum of their alone times)
@@ -294,12 +296,13 @@ double MedianFactor(const std::vector<double>& factors);
 /// Then an all_reduce of mid_comm_bytes, timed on its slowest rank: right
 /// after another and after idle_us of idle (mid_back_to_back_us,
 /// mid_idle_us: the link's burst, link_burst_us, is the median over the
-/// rounds of the difference), and issued after idle_us beside the kernels
-/// for 0.6 x the round's wait (mid_wait_compute_us, its end after they
-/// stopped mid_wait_after_us): (idle - after) / compute is the share of it
-/// that moved beside them, wait_rate_round_factors, their median
-/// comm_corun_wait_rate. Per round (computing - wait x (1 - wait rate)) /
-/// alone - 1 (what remains after each message's wait) goes to
+/// rounds of the difference), and run by the runtime's executor on a comm
+/// stream beside a chain of matmuls about the round's wait long on the
+/// compute stream (mid_wait_compute_us: the last rank's matmuls' end; its
+/// end after them mid_wait_after_us): its end less its time after idle is
+/// how long it moved nothing (hold_round_us, the mean over repetitions;
+/// their median comm_corun_hold_us). Per round (computing - hold) / alone - 1
+/// (what remains after each message's hold) goes to
 /// comm_corun_round_factors, their median to comm_corun.
 /// Alone: after a world barrier every rank times each kernel. Overlapped:
 /// a second thread issues all_reduces of comm_bytes on the world back to
@@ -340,7 +343,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
                                 const std::string& device_name, double interference = 0, double corun_slowdown = 0,
                                 double corun_slowdown_memory = -1, double comm_corun_slowdown = 0,
                                 double comm_corun_latency_us = 0, double link_burst_us = 0,
-                                double comm_corun_wait_rate = -1);
+                                double comm_corun_hold_us = 0);
 
 /// A profile database for `device`: every kernel sample, and for every
 /// collective op of `program` (if any) whose (type, group size, bytes) was
