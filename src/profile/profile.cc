@@ -1114,10 +1114,10 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     m.small_comm_alone_us.push_back(medians[small_at + 2 * r] / n);
     m.small_comm_computing_us.push_back(medians[small_at + 2 * r + 1] / n);
     small_waits.push_back(std::max(0.0, m.small_comm_computing_us.back() - m.small_comm_alone_us.back()));
-    // Each all_reduce of the back-to-back stream began with its hold, which
-    // the simulator charges apart: the slowdown is what remains.
-    m.comm_corun_round_factors.push_back(
-        CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back() - m.hold_round_us[r]}));
+    // The back-to-back stream's all_reduces follow each other on a busy
+    // thread: no hold (the simulator holds only a message whose stream
+    // idled before it).
+    m.comm_corun_round_factors.push_back(CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back()}));
   }
   m.interference = MedianFactor(m.round_factors);
   m.corun = MedianFactor(m.corun_round_factors);

@@ -389,7 +389,11 @@ class Simulator {
     rv.arrived++;
     rv.last_gid = gid;
     int sr = gid_rank_[gid];
-    stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]] = gid;  // blocks the stream
+    int& last = stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]];
+    // Its stream's thread idled before it (nothing ran on the stream up to
+    // now): a hold applies (ClusterSpec::comm_corun_hold_us).
+    const bool cold = last == kNone || end_[last] < now_;
+    last = gid;  // blocks the stream
     if (rv.arrived < rv.expected) return;
     double dur = 0;
     int longest = rv.members.front();
@@ -406,12 +410,14 @@ class Simulator {
       // Its completion waits for a core: it ends no earlier than
       // comm_corun_latency_us from now or its ranks' compute stopping,
       // whichever comes first; its bytes move meanwhile, except in its
-      // first comm_corun_hold_us (or until they stop computing).
+      // first comm_corun_hold_us (or until they stop computing) when the
+      // last member's stream thread idled before it (a thread that goes
+      // straight on from the previous op keeps its core).
       Flow& f = flows_[id];
       f.waiting = true;
       waiting_.push_back(id);
       queue_.push({now_ + comm_corun_latency_us_, seq_++, id, f.wait_version, kWaitEnd});
-      if (comm_hold_us_ > 0) {
+      if (comm_hold_us_ > 0 && cold) {
         f.held = true;
         f.held_dur_us = dur;
         f.held_longest = longest;

@@ -1129,7 +1129,7 @@ int RealMain(int argc, char** argv) {
   profile->add_option("--profile", pf.base,
                       "--from-trace, --kernels-only, --merge: the profile database to update (its other entries are kept)");
   profile->add_flag("--no-corun", pf.no_corun,
-                    "write corun_slowdown, corun_slowdown_memory, comm_corun_slowdown and comm_corun_latency_us and comm_corun_hold_us 0 into the cluster "
+                    "write corun_slowdown, corun_slowdown_memory, comm_corun_slowdown, comm_corun_latency_us and comm_corun_hold_us 0 into the cluster "
                     "(default: as measured: the interference kernels' time while every rank computes over rank 0's "
                     "alone, per kernel class, and an all_reduce's time while every rank computes over its time "
                     "alone; the simulator applies them while other ranks of the node compute)");

@@ -132,13 +132,14 @@ struct ClusterSpec {
   /// against one after 5 ms idle (1.1-1.3 ms on the testbed). 0 for GPUs.
   double link_burst_us = 0;
   /// The first part of the co-run wait (at most comm_corun_latency_us):
-  /// a transfer that starts while its ranks compute moves nothing for this
-  /// long, or until they stop computing, then its bytes move (at
-  /// 1 / (1 + comm_corun_slowdown) while they still compute). `concerto
-  /// profile` measures it through the runtime's executor: a 1 MiB all_reduce
-  /// beside a chain of matmuls about the wait long, how much of it was left
-  /// when they stopped (6-8 ms on the testbed, where a 2 KiB message's wait
-  /// is 12-14 ms). 0: its bytes move from the start.
+  /// a transfer that starts while its ranks compute, on a stream whose
+  /// thread idled before it (not one that goes straight on from the previous
+  /// op), moves nothing for this long, or until they stop computing, then
+  /// its bytes move (at 1 / (1 + comm_corun_slowdown) while they still
+  /// compute). `concerto profile` measures it through the runtime's
+  /// executor: a 1 MiB all_reduce issued after a matmul, beside more, its
+  /// end less its time alone (7-8 ms on the testbed, where a 2 KiB message's
+  /// wait is 15-16 ms). 0: its bytes move from the start.
   double comm_corun_hold_us = 0;
   /// The co-run slowdown of streaming kernels (corun_slowdown_memory, or
   /// corun_slowdown when that is -1).

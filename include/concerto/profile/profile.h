@@ -252,7 +252,7 @@ struct InterferenceMeasurement {
   double corun_memory = 0;    // their median: the co-run slowdown of streaming kernels
   std::vector<double> comm_alone_us;       // per round: the all_reduce of comm_bytes, nothing computing
   std::vector<double> comm_computing_us;   // per round: its median while every rank computes
-  std::vector<double> comm_corun_round_factors;  // (computing - the wait's cost) / alone - 1, clamped to [0, 10]
+  std::vector<double> comm_corun_round_factors;  // computing / alone - 1, clamped to [0, 10]
   double comm_corun = 0;      // their median: the communication's co-run slowdown
   int64_t small_comm_bytes = 0;
   std::vector<double> small_comm_alone_us;      // per round: the small all_reduce's median, nothing computing
@@ -301,9 +301,9 @@ double MedianFactor(const std::vector<double>& factors);
 /// compute stream (mid_wait_compute_us: the last rank's matmuls' end; its
 /// end after them mid_wait_after_us): its end less its time after idle is
 /// how long it moved nothing (hold_round_us, the mean over repetitions;
-/// their median comm_corun_hold_us). Per round (computing - hold) / alone - 1
-/// (what remains after each message's hold) goes to
-/// comm_corun_round_factors, their median to comm_corun.
+/// their median comm_corun_hold_us). Per round computing / alone - 1 of the
+/// all_reduce of comm_bytes goes to comm_corun_round_factors, their median
+/// to comm_corun (its messages follow each other on a busy thread: no hold).
 /// Alone: after a world barrier every rank times each kernel. Overlapped:
 /// a second thread issues all_reduces of comm_bytes on the world back to
 /// back while this thread times the kernels, keeping a run only when the
