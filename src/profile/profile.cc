@@ -812,6 +812,10 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
   std::vector<float> round_medians;  // per round, per kernel: alone, overlapped
   std::vector<float> comm_round_medians;  // per round: the all_reduce alone, then while every rank computes
   std::vector<float> small_round_medians;  // per round: the small all_reduce alone, then while every rank computes
+  // Per round, per repetition of the hold probe: the all_reduce's time from
+  // its start and the compute beside it, in us (the holds need the round's
+  // comm_corun, known at the end).
+  std::vector<std::vector<std::pair<double, double>>> hold_reps;
   std::vector<float> small_send(o.small_comm_bytes / 4, 0.0f), small_recv(o.small_comm_bytes / 4);
   std::vector<float> mid_send(o.mid_comm_bytes / 4, 0.0f), mid_recv(o.mid_comm_bytes / 4);
   InterferenceMeasurement m;
@@ -1012,7 +1016,8 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
       Result<std::unique_ptr<RankSession>> session = RankSession::Create(sp, comm, RunOptions{});
       if (!session.ok()) return session.status();
       const int probe_ar = static_cast<int>(matmuls);  // the all_reduce follows the matmuls
-      std::vector<double> computes, afters, holds;
+      std::vector<double> computes, afters;
+      hold_reps.emplace_back();
       for (int k = 0; k < std::max(o.min_samples, 8); ++k) {
         CONCERTO_RETURN_IF_ERROR(barrier());
         std::this_thread::sleep_for(std::chrono::microseconds(o.idle_us));
@@ -1037,14 +1042,10 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
         const double beside_us = std::max(0.0f, v[0] - v[2]);
         computes.push_back(beside_us);
         afters.push_back(std::max(0.0f, v[1] - v[0]));
-        holds.push_back(std::clamp(static_cast<double>(v[1] - v[2]) - m.mid_idle_us.back(), 0.0, beside_us));
+        hold_reps.back().push_back({std::max(0.0f, v[1] - v[2]), beside_us});
       }
       m.mid_wait_compute_us.push_back(Median(computes));
       m.mid_wait_after_us.push_back(Median(afters));
-      // The mean: when MPI's thread gets its slice varies from one
-      // repetition to the next, and the model wants the expected hold.
-      m.hold_round_us.push_back(std::accumulate(holds.begin(), holds.end(), 0.0) / static_cast<double>(holds.size()));
-      m.hold_samples_us.insert(m.hold_samples_us.end(), holds.begin(), holds.end());
     }
     for (size_t i = 0; i < kernels.size(); ++i) {
       round_medians.push_back(static_cast<float>(
@@ -1118,6 +1119,21 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     // thread: no hold (the simulator holds only a message whose stream
     // idled before it).
     m.comm_corun_round_factors.push_back(CorunSlowdown({m.comm_alone_us.back()}, {m.comm_computing_us.back()}));
+    // The holds: after its hold H the all_reduce moved at 1 / (1 + c) while
+    // the compute (C from its start) went on and at full speed after, its
+    // time after idle T in all. Ended after the compute: H = C - (1 + c)
+    // (T - (its time - C)); within it: H = its time - (1 + c) T. Clamped to
+    // [0, C]; the mean over repetitions (when MPI's thread gets its slice
+    // varies, the model wants the expected hold).
+    const double speed = 1 + m.comm_corun_round_factors.back(), alone_us = m.mid_idle_us[r];
+    double sum = 0;
+    for (const auto& [time_us, beside_us] : hold_reps[r]) {
+      const double hold = time_us > beside_us ? beside_us - speed * (alone_us - (time_us - beside_us))
+                                              : time_us - speed * alone_us;
+      m.hold_samples_us.push_back(std::clamp(hold, 0.0, beside_us));
+      sum += m.hold_samples_us.back();
+    }
+    m.hold_round_us.push_back(hold_reps[r].empty() ? 0 : sum / static_cast<double>(hold_reps[r].size()));
   }
   m.interference = MedianFactor(m.round_factors);
   m.corun = MedianFactor(m.corun_round_factors);

@@ -36,6 +36,7 @@ struct Flow {
   bool held = false;           // in the first part of its wait, moving nothing (ClusterSpec::comm_corun_hold_us)
   double held_dur_us = 0;      // while held: the transfer's price, started when the hold ends
   int held_longest = -1;       // while held: the member that priced it
+  double held_us = 0;          // how long its hold lasted (not link sharing)
   double rate = 1;
   double last_us = 0;
   int version = 0;
@@ -417,6 +418,7 @@ class Simulator {
       f.waiting = true;
       waiting_.push_back(id);
       queue_.push({now_ + comm_corun_latency_us_, seq_++, id, f.wait_version, kWaitEnd});
+      f.held_us = 0;
       if (comm_hold_us_ > 0 && cold) {
         f.held = true;
         f.held_dur_us = dur;
@@ -434,6 +436,7 @@ class Simulator {
     Flow& f = flows_[id];
     if (!f.held) return;
     f.held = false;
+    f.held_us = now_ - start_[rvs_[id].members.front()];
     BeginTransfer(id, f.held_dur_us, f.held_longest);
   }
 
@@ -539,7 +542,7 @@ class Simulator {
     active_flows_.erase(std::find(active_flows_.begin(), active_flows_.end(), id));
     ShareLinks();
     for (int m : rvs_[id].members)
-      timeline_.link_sharing_delay_us += std::max(0.0, now_ - start_[m] - duration_[m]);
+      timeline_.link_sharing_delay_us += std::max(0.0, now_ - start_[m] - f.held_us - duration_[m]);
     TransferDone(id);
   }
 
