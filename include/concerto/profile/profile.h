@@ -264,9 +264,8 @@ struct InterferenceMeasurement {
   double link_burst_us = 0;                 // median over the rounds of max(0, back_to_back - idle)
   std::vector<double> mid_wait_compute_us;  // per round: the compute beside it in the wait probe
   std::vector<double> mid_wait_after_us;    // per round: its end after that compute stopped
-  std::vector<double> hold_round_us;        // per round: the mean over repetitions of end - idle,
-                                            // clamped to [0, compute]
-  std::vector<double> hold_samples_us;      // every repetition's, round after round
+  std::vector<double> hold_round_us;        // per round: the mean of its repetitions' holds
+  std::vector<double> hold_samples_us;      // every repetition's hold (clamped to [0, compute]), round after round
   double comm_corun_hold_us = 0;            // their median
 };
 
@@ -298,10 +297,12 @@ double MedianFactor(const std::vector<double>& factors);
 /// mid_idle_us: the link's burst, link_burst_us, is the median over the
 /// rounds of the difference), and run by the runtime's executor on a comm
 /// stream beside a chain of matmuls about the round's wait long on the
-/// compute stream (mid_wait_compute_us: the last rank's matmuls' end; its
-/// end after them mid_wait_after_us): its end less its time after idle is
-/// how long it moved nothing (hold_round_us, the mean over repetitions;
-/// their median comm_corun_hold_us). Per round computing / alone - 1 of the
+/// compute stream, issued once the first is done (mid_wait_compute_us: the
+/// matmuls after its start; its end after them mid_wait_after_us): its time
+/// less its time after idle, slowed by the round's comm_corun while the
+/// matmuls went on, is how long it moved nothing (hold_samples_us,
+/// hold_round_us the mean over repetitions; their median
+/// comm_corun_hold_us). Per round computing / alone - 1 of the
 /// all_reduce of comm_bytes goes to comm_corun_round_factors, their median
 /// to comm_corun (its messages follow each other on a busy thread: no hold).
 /// Alone: after a world barrier every rank times each kernel. Overlapped:
