@@ -16,7 +16,6 @@
 #include <set>
 #include <fstream>
 #include <sstream>
-#include <numeric>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -990,11 +989,12 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     // a run sees it: the runtime's executor runs a chain of matmuls on its
     // compute stream and the all_reduce on its comm stream, issued once the
     // first matmul is done (the rest last about this round's wait, every
-    // rank's smallest), after idle_us of idle. From its start (the last
-    // rank's) to its end on its slowest rank, less its time after idle, is
-    // how long it held (clamped to [0, the matmuls' time after its start]).
-    // (A second thread beside a tight kernel loop, as the other phases run
-    // it, is not what a run's stream threads do.)
+    // rank's smallest), after idle_us of idle. Per repetition its time from
+    // its start (the last rank's) to its end on its slowest rank and the
+    // matmuls' time after its start; the holds follow at the end, once the
+    // round's comm_corun is known. (A second thread beside a tight kernel
+    // loop, as the other phases run it, is not what a run's stream threads
+    // do.)
     {
       float wait_us = std::max(0.0f, small_round_medians[small_round_medians.size() - 1] -
                                          small_round_medians[small_round_medians.size() - 2]);
@@ -1023,9 +1023,6 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
         std::this_thread::sleep_for(std::chrono::microseconds(o.idle_us));
         Result<std::vector<OpRecord>> records = (*session)->Step();
         if (!records.ok()) return records.status();
-        // From the step's start: the last rank's compute end and the
-        // slowest rank's end of the all_reduce (the model's wait ends when
-        // none of its ranks computes).
         // From the step's start: the last rank's compute end, the slowest
         // rank's end of the all_reduce and its start on the last rank to
         // reach it (the model's wait ends when none of its ranks computes).
@@ -1238,15 +1235,18 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
       j["interference"].get<double>() > 10)
     return Status::Error(path + ": field 'interference' must be a number in [0, 10]");
   m.interference = j["interference"].get<double>();
-  // Optional fields: a factor in [0, 10] (absent: left as it is) and a list
-  // of numbers (absent or not a list: empty).
-  auto factor = [&](const char* name, double* into) -> Status {
+  // Optional fields: a number in [0, max] (a factor: max 10; a time in us:
+  // max 1e7; absent: left as it is) and a list of numbers (absent or not a
+  // list: empty).
+  auto bounded = [&](const char* name, double max, const char* max_text, double* into) -> Status {
     if (!j.contains(name)) return Status::Ok();
-    if (!j[name].is_number() || !(j[name].get<double>() >= 0) || j[name].get<double>() > 10)
-      return Status::Error(path + ": field '" + name + "' must be a number in [0, 10]");
+    if (!j[name].is_number() || !(j[name].get<double>() >= 0) || j[name].get<double>() > max)
+      return Status::Error(path + ": field '" + name + "' must be a number in [0, " + max_text + "]");
     *into = j[name].get<double>();
     return Status::Ok();
   };
+  auto factor = [&](const char* name, double* into) { return bounded(name, 10, "10", into); };
+  auto time_us = [&](const char* name, double* into) { return bounded(name, 1e7, "1e7", into); };
   auto numbers = [&](const char* name, std::vector<double>* into) {
     if (j.contains(name) && j[name].is_array())
       for (const nlohmann::json& f : j[name])
@@ -1262,29 +1262,14 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
   numbers("comm_corun_round_factors", &m.comm_corun_round_factors);
   numbers("comm_alone_us", &m.comm_alone_us);
   numbers("comm_computing_us", &m.comm_computing_us);
-  // Absent before the sixteenth session: 0.
-  if (j.contains("comm_corun_latency_us")) {
-    const nlohmann::json& v = j["comm_corun_latency_us"];
-    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 1e7)
-      return Status::Error(path + ": field 'comm_corun_latency_us' must be a number in [0, 1e7]");
-    m.comm_corun_latency_us = v.get<double>();
-  }
+  CONCERTO_RETURN_IF_ERROR(time_us("comm_corun_latency_us", &m.comm_corun_latency_us));  // absent before the
+                                                                                          // sixteenth session: 0
   m.small_comm_bytes = j.value("small_comm_bytes", int64_t{0});
   numbers("small_comm_alone_us", &m.small_comm_alone_us);
   numbers("small_comm_computing_us", &m.small_comm_computing_us);
   // Absent before the eighteenth session: 0.
-  if (j.contains("link_burst_us")) {
-    const nlohmann::json& v = j["link_burst_us"];
-    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 1e7)
-      return Status::Error(path + ": field 'link_burst_us' must be a number in [0, 1e7]");
-    m.link_burst_us = v.get<double>();
-  }
-  if (j.contains("comm_corun_hold_us")) {
-    const nlohmann::json& v = j["comm_corun_hold_us"];
-    if (!v.is_number() || !(v.get<double>() >= 0) || v.get<double>() > 1e7)
-      return Status::Error(path + ": field 'comm_corun_hold_us' must be a number in [0, 1e7]");
-    m.comm_corun_hold_us = v.get<double>();
-  }
+  CONCERTO_RETURN_IF_ERROR(time_us("link_burst_us", &m.link_burst_us));
+  CONCERTO_RETURN_IF_ERROR(time_us("comm_corun_hold_us", &m.comm_corun_hold_us));
   m.mid_comm_bytes = j.value("mid_comm_bytes", int64_t{0});
   numbers("mid_back_to_back_us", &m.mid_back_to_back_us);
   numbers("mid_idle_us", &m.mid_idle_us);
