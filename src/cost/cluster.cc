@@ -339,6 +339,7 @@ class ClusterFileReader {
         {"comm_corun_latency_us", NumberField(&spec->comm_corun_latency_us)},
         {"link_burst_us", NumberField(&spec->link_burst_us)},
         {"comm_corun_hold_us", NumberField(&spec->comm_corun_hold_us)},
+        {"compute_jitter", NumberField(&spec->compute_jitter)},
         {"topology", [&](const FileNode& n, const std::string& f) { return Map(n, f, topology_fields); }},
     };
     CONCERTO_RETURN_IF_ERROR(Map(root, "", top_fields));
@@ -566,6 +567,9 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
     return error("link_burst_us", "must be a time in [0, 1e7] us, got " + FormatNumber(spec.link_burst_us));
   if (!std::isfinite(spec.comm_corun_hold_us) || spec.comm_corun_hold_us < 0 || spec.comm_corun_hold_us > 1e7)
     return error("comm_corun_hold_us", "must be a time in [0, 1e7] us, got " + FormatNumber(spec.comm_corun_hold_us));
+  if (!std::isfinite(spec.compute_jitter) || spec.compute_jitter < 0 || spec.compute_jitter > 1)
+    return error("compute_jitter",
+                 "must be a coefficient of variation in [0, 1], got " + FormatNumber(spec.compute_jitter));
   if (spec.corun_slowdown_memory != -1 &&
       (!std::isfinite(spec.corun_slowdown_memory) || spec.corun_slowdown_memory < 0 || spec.corun_slowdown_memory > 10))
     return error("corun_slowdown_memory", "must be a slowdown fraction in [0, 10] (or absent: as corun_slowdown), got " +
@@ -619,6 +623,7 @@ std::string ClusterToJson(const ClusterSpec& spec) {
   if (spec.comm_corun_latency_us > 0) j["comm_corun_latency_us"] = spec.comm_corun_latency_us;
   if (spec.link_burst_us > 0) j["link_burst_us"] = spec.link_burst_us;
   if (spec.comm_corun_hold_us > 0) j["comm_corun_hold_us"] = spec.comm_corun_hold_us;
+  if (spec.compute_jitter > 0) j["compute_jitter"] = spec.compute_jitter;
   const TopologySpec& t = spec.topology;
   j["topology"] = {{"intra_link", t.intra_link},
                    {"nics_per_node", t.nics_per_node},

@@ -1,6 +1,8 @@
 // Profiling: kernels by signature, collectives by (type, group, bytes), and
 // the least-squares fits that turn them into a cpu-local cluster spec.
 #include "concerto/profile/profile.h"
+
+#include "concerto/sim/jitter.h"
 #include "concerto/util/input_file.h"
 #include "concerto/util/json_text.h"
 
@@ -766,6 +768,44 @@ std::string WaitProbeProgramJson(int ranks, int matmuls, int64_t size, int64_t f
   return p.dump();
 }
 
+/// The jitter probe's program: on a mesh of `ranks`, `pairs` times a square
+/// matmul of `size` and an add of `add_elements` floats in one chain on the
+/// compute stream (the interference kernels' mix), then an all_reduce of
+/// `floats` over every rank on the comm stream once the last is done (the
+/// synchronisation that ends a segment of a run; op 2 x pairs).
+std::string JitterProbeProgramJson(int ranks, int pairs, int64_t size, int64_t add_elements, int64_t floats) {
+  nlohmann::json tensors = nlohmann::json::array(), ops = nlohmann::json::array(), all = nlohmann::json::array();
+  auto tensor = [&](const std::string& name, std::vector<int64_t> shape) {
+    tensors.push_back({{"name", name}, {"shape", shape}, {"dtype", "f32"}});
+  };
+  tensor("a0", {size, size});
+  tensor("b", {size, size});
+  tensor("x0", {add_elements});
+  tensor("y", {add_elements});
+  for (int k = 0; k < pairs; ++k) {
+    const std::string i = std::to_string(k), next = std::to_string(k + 1);
+    tensor("a" + next, {size, size});
+    tensor("x" + next, {add_elements});
+    ops.push_back({{"id", 2 * k}, {"name", "m" + i}, {"kind", "compute"}, {"type", "matmul"},
+                   {"inputs", {"a" + i, "b"}}, {"outputs", {"a" + next}}});
+    ops.push_back({{"id", 2 * k + 1}, {"name", "d" + i}, {"kind", "compute"}, {"type", "add"},
+                   {"inputs", {"x" + i, "y"}}, {"outputs", {"x" + next}}});
+  }
+  tensor("g", {floats});
+  tensor("s", {floats});
+  ops.push_back({{"id", 2 * pairs}, {"name", "ar"}, {"kind", "collective"}, {"stream", "comm"},
+                 {"collective", "all_reduce"}, {"group", {{"axes", {"x"}}}}, {"inputs", {"g"}}, {"outputs", {"s"}},
+                 {"control_deps", {2 * pairs - 1}}});
+  for (int r = 0; r < ranks; ++r) all.push_back(r);
+  nlohmann::json p = {{"format", "concerto-ir"},
+                      {"version", 1},
+                      {"name", "jitter-probe"},
+                      {"mesh", {{"axes", {{{"name", "x"}, {"size", ranks}}}}}},
+                      {"graphs", {{{"name", "g0"}, {"streams", {"compute", "comm"}}, {"tensors", tensors}, {"ops", ops}}}},
+                      {"roles", {{{"name", "r"}, {"graph", "g0"}, {"ranks", all}}}}};
+  return p.dump();
+}
+
 }  // namespace
 
 double InterferenceFactor(const std::vector<InterferenceKernel>& kernels) {
@@ -891,6 +931,52 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     std::vector<size_t> alone_had(kernels.size());
     for (size_t i = 0; i < kernels.size(); ++i) alone_had[i] = alone[i].size();
     CONCERTO_RETURN_IF_ERROR(time_kernels(alone));
+    // Jitter: the runtime's executor runs the same chain of kernels (the
+    // interference kernels in turn) on every rank's compute stream (about
+    // jitter_segment_us), then a small
+    // all_reduce on its comm stream, as a run computes between two
+    // synchronisations (its stream threads as in a run); per repetition the
+    // slowest rank's compute time past the ranks' mean, over the mean; the
+    // round's mean over e_n (the expected largest of n standard normals):
+    // the coefficient of variation of a rank's compute between two
+    // synchronisations (ClusterSpec::compute_jitter).
+    {
+      double pair_us = 0;
+      for (size_t i = 0; i < kernels.size(); ++i)
+        pair_us += Median(std::vector<double>(alone[i].begin() + static_cast<int64_t>(alone_had[i]), alone[i].end()));
+      float pairs =
+          static_cast<float>(std::clamp(std::round(o.jitter_segment_us / std::max(1.0, pair_us)), 1.0, 256.0));
+      CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &pairs, &pairs, 1));
+      Result<Program> probe =
+          ParseProgram(JitterProbeProgramJson(n, static_cast<int>(pairs), o.matmul_size, o.add_elements,
+                                              o.small_comm_bytes / 4),
+                       "the interference's jitter probe");
+      if (!probe.ok()) return probe.status();
+      const ScheduledProgram sp{*probe, ProgramOrderSchedule(*probe, "fifo")};
+      Result<std::unique_ptr<RankSession>> session = RankSession::Create(sp, comm, RunOptions{});
+      if (!session.ok()) return session.status();
+      const int probe_ar = 2 * static_cast<int>(pairs);
+      double sum = 0, segment_sum = 0;
+      const int reps = std::max(o.min_samples, 12);
+      for (int k = 0; k < reps; ++k) {
+        Result<std::vector<OpRecord>> records = (*session)->Step();
+        if (!records.ok()) return records.status();
+        double first_us = -1, last_us = 0;
+        for (const OpRecord& r : *records) {
+          if (r.op_index == probe_ar) continue;
+          first_us = first_us < 0 ? r.start_us : std::min(first_us, r.start_us);
+          last_us = std::max(last_us, r.end_us);
+        }
+        float most = static_cast<float>(std::max(0.0, last_us - std::max(0.0, first_us))), total = most;
+        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &most, &most, 1));
+        CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kSum, &total, &total, 1));
+        const double mean = total / n;
+        if (mean > 0) sum += (most - mean) / mean;
+        segment_sum += mean;
+      }
+      m.jitter_segment_us.push_back(segment_sum / reps);
+      m.jitter_round.push_back(std::max(0.0, sum / reps / StandardNormalMaxMoments(n).mean));
+    }
     // The all_reduce alone, nothing computing (the reference of the
     // communication's co-run slowdown).
     CONCERTO_RETURN_IF_ERROR(barrier());
@@ -1144,6 +1230,7 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     bursts.push_back(std::max(0.0, m.mid_back_to_back_us[r] - m.mid_idle_us[r]));
   m.link_burst_us = MedianFactor(bursts);
   m.comm_corun_hold_us = MedianFactor(m.hold_round_us);
+  m.compute_jitter = std::min(1.0, MedianFactor(m.jitter_round));
   return m;
 }
 
@@ -1198,6 +1285,9 @@ std::string WriteInterference(const InterferenceMeasurement& m) {
                       {"hold_round_us", m.hold_round_us},
                       {"hold_samples_us", m.hold_samples_us},
                       {"comm_corun_hold_us", m.comm_corun_hold_us},
+                      {"jitter_segment_us", m.jitter_segment_us},
+                      {"jitter_round", m.jitter_round},
+                      {"compute_jitter", m.compute_jitter},
                       {"kernels", nlohmann::json::array()}};
   for (const InterferenceKernel& k : m.kernels)
     j["kernels"].push_back({{"kernel", k.kernel},
@@ -1277,6 +1367,10 @@ Result<InterferenceMeasurement> ReadInterference(const std::string& path) {
   numbers("mid_wait_after_us", &m.mid_wait_after_us);
   numbers("hold_round_us", &m.hold_round_us);
   numbers("hold_samples_us", &m.hold_samples_us);
+  // Absent before the nineteenth session: 0.
+  CONCERTO_RETURN_IF_ERROR(bounded("compute_jitter", 1, "1", &m.compute_jitter));
+  numbers("jitter_segment_us", &m.jitter_segment_us);
+  numbers("jitter_round", &m.jitter_round);
   return m;
 }
 
@@ -1284,7 +1378,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
                                 const std::string& device_name, double interference, double corun_slowdown,
                                 double corun_slowdown_memory, double comm_corun_slowdown,
                                 double comm_corun_latency_us, double link_burst_us,
-                                double comm_corun_hold_us) {
+                                double comm_corun_hold_us, double compute_jitter) {
   ClusterSpec c;
   c.name = "cpu-local";
   c.description = "this machine, fitted by `concerto profile`: fp32 kernels of the runtime, one process per "
@@ -1310,6 +1404,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
   c.comm_corun_latency_us = std::clamp(comm_corun_latency_us, 0.0, 1e7);
   c.link_burst_us = std::clamp(link_burst_us, 0.0, 1e7);
   c.comm_corun_hold_us = std::clamp(comm_corun_hold_us, 0.0, c.comm_corun_latency_us);
+  c.compute_jitter = std::clamp(compute_jitter, 0.0, 1.0);
   return c;
 }
 

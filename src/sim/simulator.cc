@@ -11,6 +11,7 @@
 
 #include "concerto/ir/graph_index.h"
 #include "concerto/ir/op_registry.h"
+#include "concerto/sim/jitter.h"
 
 namespace concerto {
 namespace {
@@ -21,6 +22,7 @@ constexpr int kFlowEnd = 1;   // a transfer ends: every member of its rendezvous
 constexpr int kWaitEnd = 2;   // a rendezvous's co-run wait is over (ClusterSpec::comm_corun_latency_us)
 constexpr int kTransferEnd = 3;  // a transfer off the shared links ends
 constexpr int kHoldEnd = 4;      // a held transfer's hold is over (ClusterSpec::comm_corun_hold_us)
+constexpr int kLastArrival = 5;  // a rendezvous's expected last arrival (ClusterSpec::compute_jitter)
 
 /// The link resources of one simulated rank (docs/cost-model.md, "Shared links").
 enum LinkSlot { kIntraTx = 0, kIntraRx = 1, kInterTx = 2, kInterRx = 3, kLinkSlots = 4 };
@@ -134,6 +136,7 @@ class Simulator {
     comm_corun_latency_us_ = cost.cluster().comm_corun_latency_us;
     link_burst_us_ = cost.cluster().link_burst_us;
     comm_hold_us_ = std::min(cost.cluster().comm_corun_hold_us, cost.cluster().comm_corun_latency_us);
+    jitter_ = cost.cluster().compute_jitter;
     bus_ = cost.cluster().topology.IsBus();
     share_links_ = options.share_links >= 0 ? options.share_links > 0 : cost.cluster().topology.share_links;
     bool rep = false;
@@ -165,6 +168,11 @@ class Simulator {
       if (e.flow == kTransferEnd) {
         now_ = e.time_us;
         TransferDone(e.gid);
+        continue;
+      }
+      if (e.flow == kLastArrival) {
+        now_ = e.time_us;
+        StartRendezvous(e.gid, e.version != 0);
         continue;
       }
       if (e.flow >= 0) {
@@ -228,6 +236,8 @@ class Simulator {
     version_.assign(total_ops_, 0);
     arrived_.assign(total_ops_, 0);
     load_.assign(total_ops_, {});
+    arrive_us_.assign(total_ops_, 0);
+    arrive_compute_us_.assign(total_ops_, 0);
     for (size_t sr = 0; sr < sim_.size(); ++sr) {
       const SimRank& s = sim_[sr];
       PriceContext ctx{*s.graph, *s.index, p_.mesh, s.rank};
@@ -246,6 +256,8 @@ class Simulator {
       running_compute_.push_back({});
       comm_inflight_.push_back(0);
     }
+    compute_done_us_.assign(sim_.size(), 0);
+    sync_compute_us_.assign(sim_.size(), 0);
     if (corun_ > 0 || corun_memory_ > 0) SetupCorun();
     return Status::Ok();
   }
@@ -390,12 +402,55 @@ class Simulator {
     rv.arrived++;
     rv.last_gid = gid;
     int sr = gid_rank_[gid];
+    arrive_us_[gid] = now_;
+    arrive_compute_us_[gid] = compute_done_us_[sr] - sync_compute_us_[sr];
     int& last = stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]];
     // Its stream's thread idled before it (nothing ran on the stream up to
     // now): a hold applies (ClusterSpec::comm_corun_hold_us).
     const bool cold = last == kNone || end_[last] < now_;
     last = gid;  // blocks the stream
     if (rv.arrived < rv.expected) return;
+    const int id = rv_[gid];
+    const double last_us = jitter_ > 0 ? LastArrivalUs(id) : now_;
+    if (last_us > now_) {
+      queue_.push({last_us, seq_++, id, cold ? 1 : 0, kLastArrival});
+      return;
+    }
+    StartRendezvous(id, cold);
+  }
+
+  /// When the last member of rendezvous `id` is expected to arrive
+  /// (ClusterSpec::compute_jitter): each member's arrival varies by jitter x
+  /// its rank's compute since its last rendezvous (a representative stands
+  /// for its role's ranks in the group); the expected maximum
+  /// (ExpectedLastArrival), at least now.
+  double LastArrivalUs(int id) const {
+    const Rendezvous& rv = rvs_[id];
+    std::vector<Arrival> arrivals;
+    for (int m : rv.members)
+      arrivals.push_back({arrive_us_[m], jitter_ * std::max(0.0, arrive_compute_us_[m]), StandsFor(m)});
+    return std::max(now_, ExpectedLastArrival(arrivals));
+  }
+
+  /// How many ranks of member `gid`'s rendezvous its simulated rank stands
+  /// for: 1, or with one representative per role its role's ranks in the
+  /// collective's group.
+  int StandsFor(int gid) const {
+    const Op& op = OpOf(gid);
+    if (!timeline_.representative || op.kind != OpKind::kCollective) return 1;
+    const SimRank& s = sim_[gid_rank_[gid]];
+    int n = 0;
+    for (int r : GroupRanks(p_.mesh, op.group, s.rank)) n += p_.RoleOfRank(r) == s.role;
+    return std::max(1, n);
+  }
+
+  /// Every member of rendezvous `id` has arrived: its members start (each
+  /// rank's compute since its last rendezvous counts from here) and its
+  /// transfer begins, or its co-run wait and hold first. `cold`: the last
+  /// member's stream idled before it (ClusterSpec::comm_corun_hold_us).
+  void StartRendezvous(int id, bool cold) {
+    const Rendezvous& rv = rvs_[id];
+    const int gid = rv.last_gid;
     double dur = 0;
     int longest = rv.members.front();
     for (int m : rv.members)
@@ -404,9 +459,9 @@ class Simulator {
       if (m != gid) cause_[m] = gid;  // waited for the last arrival
       start_[m] = now_;
       int msr = gid_rank_[m];
+      sync_compute_us_[msr] = compute_done_us_[msr];
       CommInflightChange(msr, +1);
     }
-    const int id = rv_[gid];
     if (comm_corun_latency_us_ > 0 && AnyComputing(rv)) {
       // Its completion waits for a core: it ends no earlier than
       // comm_corun_latency_us from now or its ranks' compute stopping,
@@ -699,6 +754,7 @@ class Simulator {
     } else {
       auto& run = running_compute_[sr];
       run.erase(std::find(run.begin(), run.end(), gid));
+      compute_done_us_[sr] += t - start_[gid];
       if (run.empty()) ComputingChange(sr);
     }
     int s = r.stream_of[i];
@@ -798,6 +854,11 @@ class Simulator {
   std::map<int, double> link_idle_since_;  // global link id -> when its last transfer ended (absent: never used)
   double link_burst_us_ = 0;               // ClusterSpec::link_burst_us
   double comm_hold_us_ = 0;                // ClusterSpec::comm_corun_hold_us (at most the wait)
+  double jitter_ = 0;                      // ClusterSpec::compute_jitter
+  std::vector<double> arrive_us_;          // per comm op: when it arrived at its rendezvous
+  std::vector<double> arrive_compute_us_;  // per comm op: its rank's compute since its last rendezvous then
+  std::vector<double> compute_done_us_;    // per simulated rank: compute time finished so far
+  std::vector<double> sync_compute_us_;    // per simulated rank: compute_done_us_ at its last rendezvous
   const std::vector<GraphIndex>& indexes_;  // one per graph of p_
   std::vector<int> ranks_;
   std::vector<SimRank> sim_;

@@ -277,6 +277,15 @@ TEST(CostClusterTest, ValidateNamesField) {
   EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
             "my.yaml: field 'comm_corun_hold_us': must be a time in [0, 1e7] us, got -2");
   c.comm_corun_hold_us = 0;
+  // The spread of a rank's compute between synchronisations.
+  EXPECT_EQ(c.compute_jitter, 0);
+  EXPECT_EQ(ClusterToJson(c).find("compute_jitter"), std::string::npos);  // 0: not written
+  c.compute_jitter = 0.07;
+  EXPECT_EQ(ParseCluster(ClusterToJson(c), "c.json", true)->compute_jitter, 0.07);
+  c.compute_jitter = 1.5;
+  EXPECT_EQ(ValidateCluster(c, "my.yaml").message(),
+            "my.yaml: field 'compute_jitter': must be a coefficient of variation in [0, 1], got 1.5");
+  c.compute_jitter = 0;
   c.corun_slowdown_memory = 11;
   EXPECT_NE(ValidateCluster(c, "my.yaml").message().find("field 'corun_slowdown_memory': must be a slowdown fraction"),
             std::string::npos);

@@ -329,6 +329,14 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   EXPECT_DOUBLE_EQ(m->link_burst_us, MedianFactor(bursts));
   EXPECT_DOUBLE_EQ(m->comm_corun_hold_us, MedianFactor(m->hold_round_us));
   ASSERT_EQ(m->hold_samples_us.size(), 16u);  // 8 repetitions per round
+  // The jitter: per round the executor's segment of kernels and its spread.
+  ASSERT_EQ(m->jitter_round.size(), 2u);
+  ASSERT_EQ(m->jitter_segment_us.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_GE(m->jitter_round[r], 0);
+    EXPECT_GT(m->jitter_segment_us[r], 0);
+  }
+  EXPECT_DOUBLE_EQ(m->compute_jitter, std::min(1.0, MedianFactor(m->jitter_round)));
   for (double h : m->hold_samples_us) EXPECT_GE(h, 0);
   const std::string path = testing::TempDir() + "/interference.json";
   {
@@ -349,6 +357,8 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
   EXPECT_DOUBLE_EQ(back->comm_corun_hold_us, m->comm_corun_hold_us);
   EXPECT_EQ(back->mid_idle_us, m->mid_idle_us);
   EXPECT_EQ(back->hold_round_us, m->hold_round_us);
+  EXPECT_DOUBLE_EQ(back->compute_jitter, m->compute_jitter);
+  EXPECT_EQ(back->jitter_round, m->jitter_round);
   // The cluster takes the factor, the latency, the burst and the hold (at
   // most the latency).
   EXPECT_DOUBLE_EQ(
@@ -360,6 +370,9 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
       MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0, 0, -1, 0, 1500, 0, 9000).comm_corun_hold_us,
       1500);
   EXPECT_DOUBLE_EQ(MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0.25).interference, 0.25);
+  EXPECT_DOUBLE_EQ(
+      MakeCpuLocalCluster(ComputeFit{}, CollectiveFit{}, 2, "cpu-local", 0, 0, -1, 0, 0, 0, 0, 0.05).compute_jitter,
+      0.05);
   // Errors name what is wrong.
   EXPECT_NE(MeasureInterferenceInProcess(1, o).status().message().find("at least 2 ranks"), std::string::npos);
   o.comm_bytes = 6;
@@ -383,6 +396,12 @@ TEST(Interference, MeasuresOverFakeWorldAndRoundTrips) {
     out << R"({"format": "concerto-interference", "interference": 0.1, "comm_corun_hold_us": -2, "kernels": []})";
   }
   EXPECT_NE(ReadInterference(path).status().message().find("field 'comm_corun_hold_us' must be a number"),
+            std::string::npos);
+  {
+    std::ofstream out(path);
+    out << R"({"format": "concerto-interference", "interference": 0.1, "compute_jitter": 3, "kernels": []})";
+  }
+  EXPECT_NE(ReadInterference(path).status().message().find("field 'compute_jitter' must be a number in [0, 1]"),
             std::string::npos);
   {
     std::ofstream out(path);

@@ -10,6 +10,7 @@
 #include "concerto/sim/memory.h"
 #include "concerto/schedule/scheduler.h"
 #include "concerto/sim/simulator.h"
+#include "concerto/sim/jitter.h"
 #include "test_ops_util.h"
 
 namespace concerto {
@@ -160,6 +161,41 @@ TEST(SimulatorTest, DurationsThatOverflowAreAnErrorNotAnInfiniteIteration) {
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("overflows"), std::string::npos) << t.status().message();
   EXPECT_NE(t.status().message().find("op 0 'a'"), std::string::npos) << t.status().message();
+}
+
+// ClusterSpec::compute_jitter: the expected last arrival at a rendezvous.
+TEST(Jitter, LargestOfStandardNormals) {
+  EXPECT_DOUBLE_EQ(StandardNormalMaxMoments(1).mean, 0);
+  EXPECT_DOUBLE_EQ(StandardNormalMaxMoments(1).sd, 1);
+  // E max of two: 1 / sqrt(pi); variance 1 - 1 / pi.
+  EXPECT_NEAR(StandardNormalMaxMoments(2).mean, 1 / std::sqrt(M_PI), 1e-6);
+  EXPECT_NEAR(StandardNormalMaxMoments(2).sd, std::sqrt(1 - 1 / M_PI), 1e-6);
+  // n = 3 in closed form; n = 4 and 8 as tabulated (Tippett 1925).
+  EXPECT_NEAR(StandardNormalMaxMoments(4).mean, 1.029375, 1e-5);
+  EXPECT_NEAR(StandardNormalMaxMoments(8).mean, 1.423600, 1e-5);
+  EXPECT_NEAR(StandardNormalMaxMoments(3).mean, 3 / (2 * std::sqrt(M_PI)), 1e-6);
+}
+
+TEST(Jitter, ExpectedLastArrival) {
+  EXPECT_EQ(ExpectedLastArrival({}), 0);
+  // One rank: its own arrival, whatever its spread.
+  EXPECT_EQ(ExpectedLastArrival({{100, 10, 1}}), 100);
+  // No spread: the latest.
+  EXPECT_EQ(ExpectedLastArrival({{100, 0, 1}, {140, 0, 1}}), 140);
+  // Two alike: mean + sd / sqrt(pi); one member standing for two the same.
+  EXPECT_NEAR(ExpectedLastArrival({{100, 10, 1}, {100, 10, 1}}), 100 + 10 / std::sqrt(M_PI), 1e-9);
+  EXPECT_NEAR(ExpectedLastArrival({{100, 10, 2}}), 100 + 10 / std::sqrt(M_PI), 1e-6);
+  // Far apart: the later one.
+  EXPECT_NEAR(ExpectedLastArrival({{0, 1, 1}, {100, 1, 1}}), 100, 1e-9);
+  // Clark's formula, exact for two: N(100, 10^2) and N(90, 9^2).
+  EXPECT_NEAR(ExpectedLastArrival({{90, 9, 1}, {100, 10, 1}}), 101.7852075, 1e-6);
+  // Never before the latest mean; grows with the members.
+  const double four = ExpectedLastArrival({{100, 10, 4}});
+  EXPECT_NEAR(four, 100 + 10 * 1.029375, 1e-4);
+  EXPECT_GT(four, ExpectedLastArrival({{100, 10, 2}}));
+  // Four alike as four members: Clark's approximation, within 2% of the
+  // exact largest of four.
+  EXPECT_NEAR(ExpectedLastArrival({{100, 10, 1}, {100, 10, 1}, {100, 10, 1}, {100, 10, 1}}), four, 0.2);
 }
 
 }  // namespace

@@ -866,7 +866,7 @@ int CmdProfile(const ProfileFlags& pf) {
       MakeCpuLocalCluster(*compute, *comm, ranks, device, interference->interference, pf.no_corun ? 0 : corun,
                           pf.no_corun ? 0 : interference->corun_memory, pf.no_corun ? 0 : interference->comm_corun,
                           pf.no_corun ? 0 : interference->comm_corun_latency_us, interference->link_burst_us,
-                          pf.no_corun ? 0 : interference->comm_corun_hold_us);
+                          pf.no_corun ? 0 : interference->comm_corun_hold_us, interference->compute_jitter);
   const ProfileDb db = MakeProfileDb(device, kernels, *samples, program.get(), cluster);
   const std::string cluster_path = pf.out_dir + "/cpu-local.json", db_path = pf.out_dir + "/profile.json";
   if (Status s = WriteTextFile(cluster_path, ClusterToJson(cluster)); !s.ok()) return Fail(s);
@@ -910,6 +910,9 @@ int CmdProfile(const ProfileFlags& pf) {
                         {"mid_comm_bytes", interference->mid_comm_bytes},
                         {"mid_back_to_back_us", interference->mid_back_to_back_us},
                         {"mid_idle_us", interference->mid_idle_us},
+                        {"compute_jitter", interference->compute_jitter},
+                        {"jitter_round", interference->jitter_round},
+                        {"jitter_segment_us", interference->jitter_segment_us},
                         {"corun_in_cluster", !pf.no_corun},
                         {"profile_entries", db.size()},
                         {"profile_file", db_path},
@@ -934,6 +937,8 @@ int CmdProfile(const ProfileFlags& pf) {
       "{:.1f} us more per message (a small all_reduce likewise), of which a transfer moves nothing in the first "
       "{:.1f} us (an all_reduce of {} bytes beside matmuls, run by the executor); {}\n"
       "link burst: {:.1f} us (that all_reduce right after another against after an idle pause; in the cluster)\n"
+      "compute jitter: {:.3f} (the spread of a rank's time for the same ~{:.0f} us of kernels, every rank at once: "
+      "a rendezvous waits for its slowest member; in the cluster)\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
       kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
       compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
@@ -952,8 +957,9 @@ int CmdProfile(const ProfileFlags& pf) {
       pf.no_corun ? "not in the cluster: --no-corun"
                   : "the cluster's corun_slowdown, corun_slowdown_memory, comm_corun_slowdown, comm_corun_latency_us "
                     "and comm_corun_hold_us",
-      interference->link_burst_us,
-      db.size(), db_path, cluster_path);
+      interference->link_burst_us, interference->compute_jitter,
+      MedianFactor(interference->jitter_segment_us), db.size(), db_path,
+      cluster_path);
   for (const InterferenceKernel& k : interference->kernels)
     std::cout << fmt::format("  {}: {:.1f} us on rank 0 alone, {:.1f} us while every rank computes, {:.1f} us with "
                              "the all_reduce in flight too (+{:.1f}%)\n",

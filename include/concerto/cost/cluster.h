@@ -141,6 +141,16 @@ struct ClusterSpec {
   /// end less its time alone (7-8 ms on the testbed, where a 2 KiB message's
   /// wait is 15-16 ms). 0: its bytes move from the start.
   double comm_corun_hold_us = 0;
+  /// How much a rank's compute time between two synchronisations varies
+  /// (its standard deviation over its mean, a coefficient of variation):
+  /// the ranks of a collective or a send/recv pair reach it at different
+  /// times and it starts with the last of them, so each rendezvous starts
+  /// the expected maximum of its members' arrivals past the last simulated
+  /// arrival (docs/cost-model.md, "Jitter"). `concerto profile` measures it:
+  /// every rank runs the same ~15 ms of kernels at once, the slowest rank's
+  /// time past their mean (0.03-0.15 on the testbed's traces). 0 for GPUs,
+  /// whose kernels of one shape take the same time to a few percent.
+  double compute_jitter = 0;
   /// The co-run slowdown of streaming kernels (corun_slowdown_memory, or
   /// corun_slowdown when that is -1).
   double CorunSlowdownMemory() const { return corun_slowdown_memory >= 0 ? corun_slowdown_memory : corun_slowdown; }

@@ -215,6 +215,9 @@ struct InterferenceOptions {
   /// about the round's wait long, its end less its time after idle).
   int64_t mid_comm_bytes = 1 << 20;
   int64_t idle_us = 5000;
+  /// The segment of kernels every rank runs at once to measure the jitter
+  /// (compute_jitter): about this long, as many kernels on every rank.
+  double jitter_segment_us = 15000;
   /// The compute kernels, run with the runtime's own kernels (RunKernel):
   /// a matmul [m, m] x [m, m] and an elementwise add of this many floats.
   int64_t matmul_size = 512;
@@ -267,6 +270,9 @@ struct InterferenceMeasurement {
   std::vector<double> hold_round_us;        // per round: the mean of its repetitions' holds
   std::vector<double> hold_samples_us;      // every repetition's hold (clamped to [0, compute]), round after round
   double comm_corun_hold_us = 0;            // their median
+  std::vector<double> jitter_segment_us;    // per round: the jitter segment's mean time over the ranks
+  std::vector<double> jitter_round;         // per round: mean of (slowest - mean) / mean, over e_n
+  double compute_jitter = 0;                // their median (at most 1)
 };
 
 /// f = (sum of the kernels' overlapped times) / (sum of their alone times)
@@ -344,7 +350,7 @@ ClusterSpec MakeCpuLocalCluster(const ComputeFit& compute, const CollectiveFit& 
                                 const std::string& device_name, double interference = 0, double corun_slowdown = 0,
                                 double corun_slowdown_memory = -1, double comm_corun_slowdown = 0,
                                 double comm_corun_latency_us = 0, double link_burst_us = 0,
-                                double comm_corun_hold_us = 0);
+                                double comm_corun_hold_us = 0, double compute_jitter = 0);
 
 /// A profile database for `device`: every kernel sample, and for every
 /// collective op of `program` (if any) whose (type, group size, bytes) was
