@@ -17,6 +17,16 @@ The op-by-op reading behind docs/results.md's testbed findings, as commands:
                       long after that compute stopped it ended; with the median
                       over the ops that had compute beside them.
 
+  jitter RUN          per collective present on every rank of the run (matched by
+                      name): each rank's compute time since its previous one
+                      began, and the slowest rank's past their mean, over the
+                      mean; summary: the mean of that over the collectives with
+                      at least --min-us of compute, and over e_n (the expected
+                      largest of n standard normals): the coefficient of
+                      variation the model's compute_jitter stands for, and the
+                      total the slowest ranks took past the mean (what the
+                      rendezvous waited).
+
 SIM is `concerto simulate ... --all-ranks --trace SIM` of the schedule the
 run executed (`concerto run ... --trace RUN`), both Chrome traces. Ops are
 matched by (rank, op name). --json prints one JSON object instead of tables.
@@ -24,6 +34,7 @@ Exit 2 on bad input (a missing file, not a trace, no op in common).
 """
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -156,6 +167,58 @@ def comm_tail(run_ops, match):
     return {"match": match, "comm": rows, "summary": summary}
 
 
+def expected_max_normal(n, steps=4000):
+    """E max of n independent standard normals (midpoint rule over [-10, 10])."""
+    if n <= 1:
+        return 0.0
+    h, total = 20.0 / steps, 0.0
+    for i in range(steps):
+        x = -10 + (i + 0.5) * h
+        cdf = 0.5 * math.erfc(-x / math.sqrt(2))
+        total += x * n * math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi) * cdf ** (n - 1) * h
+    return total
+
+
+def jitter(run_ops, min_us):
+    """Per collective on every rank: the ranks' compute since the previous one and its spread."""
+    ranks = sorted({o["rank"] for o in run_ops})
+    if len(ranks) < 2:
+        raise InputError("the run trace has one rank: no synchronisation to spread over")
+    per_rank = {r: sorted((o for o in run_ops if o["rank"] == r), key=lambda o: o["start_us"]) for r in ranks}
+    names = None
+    for r in ranks:
+        mine = {o["name"] for o in per_rank[r] if o["kind"] != "compute"}
+        names = mine if names is None else names & mine
+    compute_since = {}  # (rank, comm op name) -> compute us since the rank's previous such op began
+    for r in ranks:
+        since = 0.0
+        for o in per_rank[r]:
+            if o["kind"] == "compute":
+                since += o["dur_us"]
+            elif o["name"] in names:
+                compute_since[(r, o["name"])] = since
+                since = 0.0
+    rows = []
+    for o in per_rank[ranks[0]]:
+        if o["kind"] == "compute" or o["name"] not in names:
+            continue
+        times = [compute_since[(r, o["name"])] for r in ranks]
+        mean = sum(times) / len(times)
+        spread = (max(times) - mean) / mean if mean > 0 else 0.0
+        rows.append({"op": o["name"], "mean_compute_ms": mean / 1e3, "max_compute_ms": max(times) / 1e3,
+                     "spread": spread, "counted": mean >= min_us})
+    if not rows:
+        raise InputError("no communication op on every rank of the run")
+    counted = [r for r in rows if r["counted"]]
+    e_n = expected_max_normal(len(ranks))
+    summary = {"ranks": len(ranks), "collectives": len(rows), "counted": len(counted)}
+    if counted:
+        mean_spread = sum(r["spread"] for r in counted) / len(counted)
+        summary.update({"mean_spread": mean_spread, "e_n": e_n, "compute_jitter": mean_spread / e_n,
+                        "slowest_past_mean_ms": sum(r["max_compute_ms"] - r["mean_compute_ms"] for r in counted)})
+    return {"min_us": min_us, "collectives": rows, "summary": summary}
+
+
 def fmt(v):
     return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
 
@@ -180,7 +243,11 @@ def main(argv):
     c = sub.add_parser("comm-tail", help="how long after the compute beside it each comm op ended")
     c.add_argument("run", help="run trace (concerto run --trace)")
     c.add_argument("--match", default="", help="only comm ops whose name contains this (default: all)")
-    for s in (k, o, c):
+    j = sub.add_parser("jitter", help="the ranks' compute between synchronisations and its spread")
+    j.add_argument("run", help="run trace (concerto run --trace)")
+    j.add_argument("--min-us", type=float, default=2000.0,
+                   help="summarise the collectives with at least this much compute before them [us] (default 2000)")
+    for s in (k, o, c, j):
         s.add_argument("--json", action="store_true", help="print one JSON object")
     args = p.parse_args(argv)
     try:
@@ -192,6 +259,11 @@ def main(argv):
                 raise InputError(f"--min-us must be >= 0, got {args.min_us}")
             out = overlap(load_ops(args.sim), load_ops(args.run), args.min_us)
             table = (out["classes"], ["rank", "class", "ops", "simulated_ms", "measured_ms", "ratio"])
+        elif args.command == "jitter":
+            if args.min_us < 0:
+                raise InputError(f"--min-us must be >= 0, got {args.min_us}")
+            out = jitter(load_ops(args.run), args.min_us)
+            table = (out["collectives"], ["op", "mean_compute_ms", "max_compute_ms", "spread", "counted"])
         else:
             out = comm_tail(load_ops(args.run), args.match)
             table = (out["comm"], ["rank", "op", "dur_ms", "compute_beside_ms", "end_after_compute_ms"])
@@ -205,7 +277,7 @@ def main(argv):
     if args.command == "overlap":
         for rank, f in out["interference_by_rank"].items():
             print(f"rank {rank}: overlapped / none - 1 = {f:+.3f}")
-    if args.command == "comm-tail":
+    if args.command in ("comm-tail", "jitter"):
         print("summary: " + ", ".join(f"{k} {fmt(v)}" for k, v in out["summary"].items()))
     return 0
 

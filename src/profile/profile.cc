@@ -736,70 +736,43 @@ std::vector<BenchKernel> InterferenceKernels(const InterferenceOptions& o) {
   return k;
 }
 
-/// The wait probe's program: on a mesh of `ranks`, a chain of `matmuls`
-/// square matmuls of `size` on the compute stream and an all_reduce of
-/// `floats` over every rank on the comm stream, issued once the first
-/// matmul is done (a control dependency), as a run issues a gradient's
-/// all_reduce and goes on computing (the all_reduce is op `matmuls`).
-std::string WaitProbeProgramJson(int ranks, int matmuls, int64_t size, int64_t floats) {
+/// A probe program: on a mesh of `ranks`, a chain of `kernels` kernels on
+/// the compute stream (square matmuls of `size`, each on the last one's
+/// result; with add_elements > 0 every second one an add of that many
+/// floats, likewise), then an all_reduce of `floats` over every rank on the
+/// comm stream, issued once kernel `after` is done (a control dependency;
+/// the all_reduce is op `kernels`).
+std::string ProbeProgramJson(const std::string& name, int ranks, int kernels, int64_t size, int64_t add_elements,
+                             int64_t floats, int after) {
   nlohmann::json tensors = nlohmann::json::array(), ops = nlohmann::json::array(), all = nlohmann::json::array();
-  auto tensor = [&](const std::string& name, std::vector<int64_t> shape) {
-    tensors.push_back({{"name", name}, {"shape", shape}, {"dtype", "f32"}});
+  auto tensor = [&](const std::string& t, std::vector<int64_t> shape) {
+    tensors.push_back({{"name", t}, {"shape", shape}, {"dtype", "f32"}});
   };
   tensor("a0", {size, size});
   tensor("b", {size, size});
-  for (int k = 0; k < matmuls; ++k) {
-    tensor("a" + std::to_string(k + 1), {size, size});
-    ops.push_back({{"id", k}, {"name", "m" + std::to_string(k)}, {"kind", "compute"}, {"type", "matmul"},
-                   {"inputs", {"a" + std::to_string(k), "b"}}, {"outputs", {"a" + std::to_string(k + 1)}}});
+  if (add_elements > 0) {
+    tensor("x0", {add_elements});
+    tensor("y", {add_elements});
+  }
+  int matmuls = 0, adds = 0;
+  for (int k = 0; k < kernels; ++k) {
+    const bool add = add_elements > 0 && k % 2 == 1;
+    int& n = add ? adds : matmuls;
+    const std::string in = (add ? "x" : "a") + std::to_string(n), out = (add ? "x" : "a") + std::to_string(n + 1);
+    tensor(out, add ? std::vector<int64_t>{add_elements} : std::vector<int64_t>{size, size});
+    ops.push_back({{"id", k}, {"name", (add ? "d" : "m") + std::to_string(n)}, {"kind", "compute"},
+                   {"type", add ? "add" : "matmul"}, {"inputs", {in, add ? "y" : "b"}}, {"outputs", {out}}});
+    ++n;
   }
   tensor("g", {floats});
   tensor("s", {floats});
-  ops.push_back({{"id", matmuls}, {"name", "ar"}, {"kind", "collective"}, {"stream", "comm"},
+  ops.push_back({{"id", kernels}, {"name", "ar"}, {"kind", "collective"}, {"stream", "comm"},
                  {"collective", "all_reduce"}, {"group", {{"axes", {"x"}}}}, {"inputs", {"g"}}, {"outputs", {"s"}},
-                 {"control_deps", {0}}});
+                 {"control_deps", {after}}});
   for (int r = 0; r < ranks; ++r) all.push_back(r);
   nlohmann::json p = {{"format", "concerto-ir"},
                       {"version", 1},
-                      {"name", "wait-probe"},
-                      {"mesh", {{"axes", {{{"name", "x"}, {"size", ranks}}}}}},
-                      {"graphs", {{{"name", "g0"}, {"streams", {"compute", "comm"}}, {"tensors", tensors}, {"ops", ops}}}},
-                      {"roles", {{{"name", "r"}, {"graph", "g0"}, {"ranks", all}}}}};
-  return p.dump();
-}
-
-/// The jitter probe's program: on a mesh of `ranks`, `pairs` times a square
-/// matmul of `size` and an add of `add_elements` floats in one chain on the
-/// compute stream (the interference kernels' mix), then an all_reduce of
-/// `floats` over every rank on the comm stream once the last is done (the
-/// synchronisation that ends a segment of a run; op 2 x pairs).
-std::string JitterProbeProgramJson(int ranks, int pairs, int64_t size, int64_t add_elements, int64_t floats) {
-  nlohmann::json tensors = nlohmann::json::array(), ops = nlohmann::json::array(), all = nlohmann::json::array();
-  auto tensor = [&](const std::string& name, std::vector<int64_t> shape) {
-    tensors.push_back({{"name", name}, {"shape", shape}, {"dtype", "f32"}});
-  };
-  tensor("a0", {size, size});
-  tensor("b", {size, size});
-  tensor("x0", {add_elements});
-  tensor("y", {add_elements});
-  for (int k = 0; k < pairs; ++k) {
-    const std::string i = std::to_string(k), next = std::to_string(k + 1);
-    tensor("a" + next, {size, size});
-    tensor("x" + next, {add_elements});
-    ops.push_back({{"id", 2 * k}, {"name", "m" + i}, {"kind", "compute"}, {"type", "matmul"},
-                   {"inputs", {"a" + i, "b"}}, {"outputs", {"a" + next}}});
-    ops.push_back({{"id", 2 * k + 1}, {"name", "d" + i}, {"kind", "compute"}, {"type", "add"},
-                   {"inputs", {"x" + i, "y"}}, {"outputs", {"x" + next}}});
-  }
-  tensor("g", {floats});
-  tensor("s", {floats});
-  ops.push_back({{"id", 2 * pairs}, {"name", "ar"}, {"kind", "collective"}, {"stream", "comm"},
-                 {"collective", "all_reduce"}, {"group", {{"axes", {"x"}}}}, {"inputs", {"g"}}, {"outputs", {"s"}},
-                 {"control_deps", {2 * pairs - 1}}});
-  for (int r = 0; r < ranks; ++r) all.push_back(r);
-  nlohmann::json p = {{"format", "concerto-ir"},
-                      {"version", 1},
-                      {"name", "jitter-probe"},
+                      {"name", name},
                       {"mesh", {{"axes", {{{"name", "x"}, {"size", ranks}}}}}},
                       {"graphs", {{{"name", "g0"}, {"streams", {"compute", "comm"}}, {"tensors", tensors}, {"ops", ops}}}},
                       {"roles", {{{"name", "r"}, {"graph", "g0"}, {"ranks", all}}}}};
@@ -947,15 +920,18 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
       float pairs =
           static_cast<float>(std::clamp(std::round(o.jitter_segment_us / std::max(1.0, pair_us)), 1.0, 256.0));
       CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &pairs, &pairs, 1));
+      // The jitter probe: matmul + add pairs, the all_reduce once the last is
+      // done (the synchronisation that ends a segment of a run).
+      const int chain = 2 * static_cast<int>(pairs);
       Result<Program> probe =
-          ParseProgram(JitterProbeProgramJson(n, static_cast<int>(pairs), o.matmul_size, o.add_elements,
-                                              o.small_comm_bytes / 4),
+          ParseProgram(ProbeProgramJson("jitter-probe", n, chain, o.matmul_size, o.add_elements,
+                                        o.small_comm_bytes / 4, chain - 1),
                        "the interference's jitter probe");
       if (!probe.ok()) return probe.status();
       const ScheduledProgram sp{*probe, ProgramOrderSchedule(*probe, "fifo")};
       Result<std::unique_ptr<RankSession>> session = RankSession::Create(sp, comm, RunOptions{});
       if (!session.ok()) return session.status();
-      const int probe_ar = 2 * static_cast<int>(pairs);
+      const int probe_ar = chain;
       double sum = 0, segment_sum = 0;
       const int reps = std::max(o.min_samples, 12);
       for (int k = 0; k < reps; ++k) {
@@ -1094,8 +1070,10 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
                                                    alone[0].end())))),
           1.0, 64.0)) + 1;  // the first runs before the all_reduce starts
       CONCERTO_RETURN_IF_ERROR(comm.AllReduce(world, ReduceOp::kMax, &matmuls, &matmuls, 1));
-      Result<Program> probe = ParseProgram(WaitProbeProgramJson(n, static_cast<int>(matmuls), o.matmul_size,
-                                                                o.mid_comm_bytes / 4),
+      // The wait probe: matmuls, the all_reduce issued once the first is done,
+      // as a run issues a gradient's all_reduce and goes on computing.
+      Result<Program> probe = ParseProgram(ProbeProgramJson("wait-probe", n, static_cast<int>(matmuls), o.matmul_size,
+                                                            0, o.mid_comm_bytes / 4, 0),
                                            "the interference's wait probe");
       if (!probe.ok()) return probe.status();
       const ScheduledProgram sp{*probe, ProgramOrderSchedule(*probe, "fifo")};

@@ -71,6 +71,34 @@ class TraceCompare(unittest.TestCase):
         self.assertAlmostEqual(row["end_after_compute_ms"], 0.8)
         self.assertAlmostEqual(out["summary"]["median_end_after_compute_ms"], 0.8)
 
+    def test_jitter(self):
+        # Two ranks (us):
+        #   rank 0 |c 0-1000|ar1|d 1000-3000|ar2|
+        #   rank 1 |c 0-1200|ar1|d 1200-3200|ar2|
+        # ar1: compute 1000 and 1200, mean 1100, slowest 100 past it: spread
+        # 100 / 1100 = 0.0909; ar2: 2000 and 2000, spread 0. With --min-us 0
+        # both count: mean spread 0.04545, over e_2 = 1 / sqrt(pi) = 0.5642:
+        # 0.0806; the slowest ranks took 0.1 ms past the mean in all.
+        trace = [event("c", 0, "compute", 0, 1000), event("ar1", 0, "collective", 1000, 10),
+                 event("d", 0, "compute", 1010, 2000), event("ar2", 0, "collective", 3010, 10),
+                 event("c", 1, "compute", 0, 1200), event("ar1", 1, "collective", 1200, 10),
+                 event("d", 1, "compute", 1210, 2000), event("ar2", 1, "collective", 3210, 10)]
+        path = self.write("two.json", {"traceEvents": trace})
+        p = self.run_script("jitter", path, "--min-us", "0", "--json")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        out = json.loads(p.stdout)
+        self.assertAlmostEqual(out["collectives"][0]["spread"], 100 / 1100)
+        self.assertAlmostEqual(out["summary"]["e_n"], 0.5641896, places=5)
+        self.assertAlmostEqual(out["summary"]["compute_jitter"], (100 / 1100 / 2) / 0.5641896, places=4)
+        self.assertAlmostEqual(out["summary"]["slowest_past_mean_ms"], 0.1)
+        # The default --min-us 2000 counts only ar2.
+        out = json.loads(self.run_script("jitter", path, "--json").stdout)
+        self.assertEqual(out["summary"]["counted"], 1)
+        self.assertAlmostEqual(out["summary"]["compute_jitter"], 0.0)
+        p = self.run_script("jitter", self.run_trace)
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("one rank", p.stderr)
+
     def test_bad_input_names_the_file(self):
         bad = self.write("bad.json", "{not json")
         p = self.run_script("kernels", bad, self.run_trace)
