@@ -138,7 +138,7 @@ contains run_wrong_ranks_message "$TMP/err" "the program needs 2 ranks"
 check run_injected_failure 1 "$BIN" run "$EX" --in-process --fail-op fc.dw --fail-rank 1
 contains run_failure_names_rank_and_op "$TMP/err" "rank 1: op 1 'fc.dw': injected failure"
 check profile_in_process 0 "$BIN" profile --program "$EX" --in-process --max-bytes 16384 --reps 1 --out-dir "$TMP/prof" --json
-for field in matmul_tflops memory_gbps link_latency_us link_bandwidth_gbps comm_corun_slowdown comm_corun_latency_us small_comm_computing_us comm_corun_hold_us hold_round_us link_burst_us mid_idle_us compute_jitter jitter_round; do
+for field in matmul_tflops memory_gbps link_latency_us link_bandwidth_gbps comm_corun_slowdown comm_corun_latency_us small_comm_computing_us comm_corun_hold_us hold_round_us link_burst_us mid_idle_us compute_jitter jitter_round kernel_passes kernel_pass_spread; do
   contains "profile_json_has_$field" "$TMP/out" "\"$field\""
 done
 check profile_cluster_loads 0 "$BIN" simulate "$EX" --cluster "$TMP/prof/cpu-local.json" --profile "$TMP/prof/profile.json" --json

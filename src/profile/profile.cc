@@ -216,6 +216,38 @@ Result<std::vector<KernelSample>> ProfileKernels(const Program& program, const C
   return out;
 }
 
+KernelPasses MedianKernelPasses(const std::vector<std::vector<KernelSample>>& passes) {
+  KernelPasses out;
+  std::map<std::string, std::vector<double>> times;
+  std::map<std::string, int> reps;
+  for (const std::vector<KernelSample>& pass : passes) {
+    double total = 0;
+    for (const KernelSample& k : pass) {
+      times[k.signature].push_back(k.time_us);
+      reps[k.signature] += k.reps;
+      total += k.time_us;
+    }
+    out.pass_totals_us.push_back(total);
+  }
+  std::set<std::string> seen;
+  for (const std::vector<KernelSample>& pass : passes)
+    for (const KernelSample& k : pass) {
+      if (!seen.insert(k.signature).second) continue;
+      KernelSample m = k;
+      std::vector<double>& t = times[k.signature];
+      std::sort(t.begin(), t.end());
+      const size_t n = t.size();
+      m.time_us = n % 2 == 1 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;  // two passes: their mean
+      m.reps = reps[k.signature];
+      out.kernels.push_back(m);
+    }
+  if (!out.pass_totals_us.empty()) {
+    const auto [lo, hi] = std::minmax_element(out.pass_totals_us.begin(), out.pass_totals_us.end());
+    out.spread = *lo > 0 ? *hi / *lo : 1;
+  }
+  return out;
+}
+
 Result<std::vector<Program>> DefaultProfilePrograms() {
   std::vector<Program> programs = {MatmulSweepProgram()};
   for (const auto& [hidden, seq] : std::vector<std::pair<int, int>>{{256, 64}, {512, 128}}) {

@@ -516,6 +516,29 @@ TEST(ProfileKernels, SeenSignaturesAreSkipped) {
   EXPECT_TRUE(again->empty());
 }
 
+// Kernels timed in passes over the profile: each signature's median.
+// Passes (us): a 100 / 300 / 110, b 10 / 10 / 40, c only in pass 2 (20).
+// a: median 110; b: 10; c: 20 (one pass). Totals 110, 330, 150: spread 3.
+// Two passes: the mean of the two (a 200).
+TEST(MedianKernelPasses, PerSignatureMedianAndTheSpreadOfThePasses) {
+  auto k = [](const std::string& sig, double us) { return KernelSample{sig, ComputeType::kMatmul, 0, 0, us, 3}; };
+  const KernelPasses m = MedianKernelPasses({{k("a", 100), k("b", 10)},
+                                             {k("a", 300), k("b", 10), k("c", 20)},
+                                             {k("a", 110), k("b", 40)}});
+  ASSERT_EQ(m.kernels.size(), 3u);
+  EXPECT_EQ(m.kernels[0].signature, "a");
+  EXPECT_DOUBLE_EQ(m.kernels[0].time_us, 110);
+  EXPECT_EQ(m.kernels[0].reps, 9);
+  EXPECT_DOUBLE_EQ(m.kernels[1].time_us, 10);
+  EXPECT_EQ(m.kernels[2].signature, "c");
+  EXPECT_DOUBLE_EQ(m.kernels[2].time_us, 20);
+  EXPECT_EQ(m.pass_totals_us, (std::vector<double>{110, 330, 150}));
+  EXPECT_DOUBLE_EQ(m.spread, 3);
+  EXPECT_DOUBLE_EQ(MedianKernelPasses({{k("a", 100)}, {k("a", 300)}}).kernels[0].time_us, 200);
+  EXPECT_DOUBLE_EQ(MedianKernelPasses({{k("a", 100)}}).spread, 1);
+  EXPECT_TRUE(MedianKernelPasses({}).kernels.empty());
+}
+
 // The kernels are timed on values like a run's: libm's tanh and exp branch
 // on sign and size, and gelu over the positive [0.01, 0.5) of the first fill
 // ran 1.5x faster than over a run's activations (docs/results.md).

@@ -604,6 +604,7 @@ struct ProfileFlags {
   bool in_process = false;
   int64_t max_bytes = 16 << 20;
   int reps = 5;
+  int kernel_passes = 3;  // --kernel-passes: before the collectives, between them and the interference, after
   bool no_corun = false;  // --no-corun: the cluster's corun_slowdown 0 (measured and reported all the same)
   bool kernels_only = false;       // --kernels-only: the program's kernels, nothing else
   std::vector<std::string> merge;  // --merge: per-entry median of these databases
@@ -806,13 +807,24 @@ int CmdProfile(const ProfileFlags& pf) {
   std::filesystem::create_directories(pf.out_dir, ec);
   if (ec) return Fail(Status::Error(pf.out_dir + ": " + ec.message()));
 
-  std::vector<KernelSample> kernels;
-  for (const Program& p : programs) {
-    Progress("timing the compute kernels of '" + p.name + "'");
-    Result<std::vector<KernelSample>> k = ProfileKernels(p, shape);
-    if (!k.ok()) return Fail(k.status());
-    kernels.insert(kernels.end(), k->begin(), k->end());
-  }
+  // The kernels are timed in passes spread over the profile (before the
+  // collectives, between them and the interference, after: --kernel-passes)
+  // and each kernel's time is the median over the passes, so that a passing
+  // phase of a shared machine in one pass does not set the profile.
+  std::vector<std::vector<KernelSample>> passes;
+  auto time_kernels = [&]() -> Status {
+    std::vector<KernelSample> pass;
+    for (const Program& p : programs) {
+      Progress(fmt::format("timing the compute kernels of '{}' (pass {} of {})", p.name, passes.size() + 1,
+                           pf.kernel_passes));
+      Result<std::vector<KernelSample>> k = ProfileKernels(p, shape);
+      if (!k.ok()) return k.status();
+      pass.insert(pass.end(), k->begin(), k->end());
+    }
+    passes.push_back(std::move(pass));
+    return Status::Ok();
+  };
+  if (Status st = time_kernels(); !st.ok()) return Fail(st);
   std::vector<CollectiveSpec> specs = DefaultCollectiveSpecs(ranks, pf.max_bytes);
   if (program)
     for (const CollectiveSpec& s : ProgramCollectiveSpecs(*program))
@@ -827,6 +839,8 @@ int CmdProfile(const ProfileFlags& pf) {
     comm_backend = "in-process (FakeWorld threads: memory copies, no network)";
     Progress(fmt::format("timing {} collectives in process over {} threads", specs.size(), ranks));
     samples = ProfileCollectivesInProcess(ranks, specs, pf.reps, &one_way, pf.max_bytes);
+    if (pf.kernel_passes >= 3)
+      if (Status st = time_kernels(); !st.ok()) return Fail(st);
     Progress("measuring interference (compute while an all_reduce is in flight) over threads");
     interference = MeasureInterferenceInProcess(ranks, interference_options);
   } else {
@@ -841,20 +855,39 @@ int CmdProfile(const ProfileFlags& pf) {
     mpirun.worker = *worker;
     const std::string out = pf.out_dir + "/collectives.json";
     const std::string interference_out = pf.out_dir + "/interference.json";
-    mpirun.worker_args = {"--profile-comm", out, "--profile-specs", FormatCollectiveSpecs(specs),
-                          "--profile-reps", std::to_string(pf.reps), "--profile-max-bytes",
-                          std::to_string(pf.max_bytes), "--profile-interference", interference_out};
-    Result<std::vector<std::string>> argv = MpirunCommand(mpirun);
-    if (!argv.ok()) return Fail(argv.status());
-    Progress(fmt::format("timing {} collectives over MPI on {} ranks, then interference (compute while an "
-                         "all_reduce is in flight)", specs.size(), ranks));
-    SubprocessRunner runner;
-    Result<int> code = runner.Run(*argv);
-    if (!code.ok()) return Fail(code.status());
-    if (*code != 0) return Fail(Status::Error(fmt::format("collective profile: mpirun exited with code {}", *code)));
+    auto run_worker = [&](const std::vector<std::string>& args, const std::string& what) -> Status {
+      mpirun.worker_args = args;
+      Result<std::vector<std::string>> argv = MpirunCommand(mpirun);
+      if (!argv.ok()) return argv.status();
+      SubprocessRunner runner;
+      Result<int> code = runner.Run(*argv);
+      if (!code.ok()) return code.status();
+      if (*code != 0) return Status::Error(fmt::format("{}: mpirun exited with code {}", what, *code));
+      return Status::Ok();
+    };
+    Progress(fmt::format("timing {} collectives over MPI on {} ranks", specs.size(), ranks));
+    if (Status st = run_worker({"--profile-comm", out, "--profile-specs", FormatCollectiveSpecs(specs),
+                                "--profile-reps", std::to_string(pf.reps), "--profile-max-bytes",
+                                std::to_string(pf.max_bytes)},
+                               "collective profile");
+        !st.ok())
+      return Fail(st);
     samples = ReadCollectiveSamples(out, &one_way);
+    if (pf.kernel_passes >= 3)
+      if (Status st = time_kernels(); !st.ok()) return Fail(st);
+    Progress(fmt::format("measuring interference over MPI on {} ranks (compute while an all_reduce is in flight, "
+                         "co-running, the hold, the burst, the jitter)", ranks));
+    if (Status st = run_worker({"--profile-interference", interference_out, "--profile-max-bytes",
+                                std::to_string(pf.max_bytes)},
+                               "interference profile");
+        !st.ok())
+      return Fail(st);
     interference = ReadInterference(interference_out);
   }
+  if (pf.kernel_passes >= 2)
+    if (Status st = time_kernels(); !st.ok()) return Fail(st);
+  const KernelPasses merged_passes = MedianKernelPasses(passes);
+  const std::vector<KernelSample>& kernels = merged_passes.kernels;
   if (!samples.ok()) return Fail(samples.status());
   if (!interference.ok()) return Fail(interference.status());
   const double corun = interference->corun;  // the cluster's corun_slowdown unless --no-corun
@@ -873,6 +906,9 @@ int CmdProfile(const ProfileFlags& pf) {
   if (Status s = WriteTextFile(db_path, db.Write()); !s.ok()) return Fail(s);
   if (pf.json) {
     nlohmann::json j = {{"kernels", kernels.size()},
+                        {"kernel_passes", passes.size()},
+                        {"kernel_pass_totals_us", merged_passes.pass_totals_us},
+                        {"kernel_pass_spread", merged_passes.spread},
                         {"collective_samples", samples->size()},
                         {"collective_backend", comm_backend},
                         {"ranks", ranks},
@@ -926,7 +962,8 @@ int CmdProfile(const ProfileFlags& pf) {
     return 0;
   }
   std::cout << fmt::format(
-      "{} kernels timed; {} collective samples ({})\n"
+      "{} kernels timed in {} passes (their totals max/min {:.3f}; each kernel the median); {} collective samples "
+      "({})\n"
       "fitted: matmul {:.4f} TFLOP/s (R^2 {:.3f}), memory {:.2f} GB/s (R^2 {:.3f}), launch {:.2f} us, vector "
       "efficiency {:.4f}\n"
       "fitted link: alpha {:.2f} us per step, {:.4f} GB/s {} (worst relative error {:.0f}%)\n"
@@ -940,7 +977,7 @@ int CmdProfile(const ProfileFlags& pf) {
       "compute jitter: {:.3f} (the spread of a rank's time for the same ~{:.0f} us of kernels, every rank at once: "
       "a rendezvous waits for its slowest member; in the cluster)\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
-      kernels.size(), samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
+      kernels.size(), passes.size(), merged_passes.spread, samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
       compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
       comm->latency_us, comm->bandwidth_gbps,
       comm->intra_link == "bus" ? "through one medium every transfer of the node crosses (bus)" : "per rank (ports)",
@@ -1116,6 +1153,12 @@ int RealMain(int argc, char** argv) {
   profile->add_flag("--in-process", pf.in_process, "time collectives over threads (FakeWorld) instead of MPI processes");
   profile->add_option("--max-bytes", pf.max_bytes, "largest collective size in the sweep, and of the one-way transfers that tell ports from a bus [bytes]")->capture_default_str()->check(CLI::Range(int64_t{4096}, int64_t{1} << 32));
   profile->add_option("--reps", pf.reps, "timed repetitions per collective")->capture_default_str()->check(CLI::Range(1, 1000));
+  profile->add_option("--kernel-passes", pf.kernel_passes,
+                      "time the kernels this many times over the profile (1: before the collectives; 2: and after "
+                      "the interference; 3: and between them); each kernel's time is the median over the passes "
+                      "[passes]")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3));
   auto* from_trace = profile->add_option(
       "--from-trace", pf.from_trace,
       "measure nothing: write the compute durations of a run's trace (concerto run --trace) into "

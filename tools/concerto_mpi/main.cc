@@ -10,8 +10,8 @@
 //   mpirun -n N concerto_mpi_run (--program P.json | --model M --plan P) --scheduler concerto
 //          --batch-windows 1 --schedule-only --write-schedule S.json [--write-program P2.json]
 //          (`concerto schedule --mpi N`: rank 0 schedules, the other ranks solve window batches)
-//   mpirun -n N concerto_mpi_run --profile-comm OUT.json [--profile-specs SPECS]
-//          [--profile-interference OUT2.json]
+//   mpirun -n N concerto_mpi_run [--profile-comm OUT.json [--profile-specs SPECS]]
+//          [--profile-interference OUT2.json]   (either or both)
 //
 // Rank 0 prepares the job through the driver's pipeline (driver/job.h, the
 // same RunJob as `concerto simulate`: reads or lowers the program, reads or
@@ -118,7 +118,9 @@ Result<Flags> ParseFlags(int argc, char** argv) {
   app.add_option("--write-program", f.write_program, "write the scheduled (possibly rewritten) program here");
   app.add_option("--profile-comm", f.profile_comm, "profile mode: time collectives, write the samples here");
   app.add_option("--profile-specs", f.profile_specs, "profile mode: TYPE:N:BYTES,... (default: a sweep)");
-  app.add_option("--profile-interference", f.profile_interference, "profile mode: also measure interference");
+  app.add_option("--profile-interference", f.profile_interference,
+                 "profile mode: measure interference and the co-run figures, write them here (after the "
+                 "collectives when --profile-comm is given too)");
   app.add_option("--profile-reps", f.profile_reps, "profile mode: repetitions")->check(CLI::Range(1, 1000000));
   app.add_option("--profile-max-bytes", f.profile_max_bytes, "profile mode: largest size [bytes]")
       ->check(CLI::Range(int64_t{4096}, int64_t{1} << 40));
@@ -130,7 +132,7 @@ Result<Flags> ParseFlags(int argc, char** argv) {
     return Status::Error(std::string(e.what()) + "\n" + app.help());
   }
   f.scheduler_given = app.count("--scheduler") > 0;
-  if (!f.profile_comm.empty()) return f;
+  if (!f.profile_comm.empty() || !f.profile_interference.empty()) return f;
   const bool file = !f.job.program_file.empty(), model = !f.job.model.empty();
   if (!file && !model) return Status::Error("give --program FILE or --model and --plan (--help for usage)");
   if (model && f.job.plan.empty()) return Status::Error("--model needs --plan");
@@ -321,31 +323,38 @@ Result<ScheduledProgram> ShareJob(MpiCommunicator& comm, const Flags& flags, Job
 }
 
 /// --profile-comm: times collectives over MPI; rank 0 writes the samples.
+/// --profile-interference: measures interference and the co-run figures
+/// (after the collectives when both are given; `concerto profile` runs them
+/// apart, timing its kernels between).
 Status ProfileCommMode(MpiCommunicator& comm, const Flags& flags) {
-  std::vector<CollectiveSpec> specs = DefaultCollectiveSpecs(comm.size(), flags.profile_max_bytes);
-  if (!flags.profile_specs.empty()) {
-    Result<std::vector<CollectiveSpec>> parsed = ParseCollectiveSpecs(flags.profile_specs);
-    if (!parsed.ok()) return parsed.status();
-    specs = *parsed;
-  }
-  std::vector<std::vector<int>> groups = CollectiveSpecGroups(specs, comm.size());
   std::vector<int> world;
   for (int r = 0; r < comm.size(); ++r) world.push_back(r);
-  if (std::find(groups.begin(), groups.end(), world) == groups.end()) groups.push_back(world);
-  std::sort(groups.begin(), groups.end());
-  CONCERTO_RETURN_IF_ERROR(comm.CreateGroups(groups));
-  Result<std::vector<CollectiveSample>> samples = ProfileCollectives(comm, specs, flags.profile_reps);
-  if (!samples.ok()) return samples.status();
-  // One-way transfers: what the link is (ports or one medium; FitCollectives).
-  Result<std::vector<OneWaySample>> one_way =
-      ProfileOneWay(comm, DefaultOneWaySizes(flags.profile_max_bytes), flags.profile_reps);
-  if (!one_way.ok()) return one_way.status();
-  if (comm.rank() == 0)
-    CONCERTO_RETURN_IF_ERROR(
-        WriteTextFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size(), *one_way)));
+  if (!flags.profile_comm.empty()) {
+    std::vector<CollectiveSpec> specs = DefaultCollectiveSpecs(comm.size(), flags.profile_max_bytes);
+    if (!flags.profile_specs.empty()) {
+      Result<std::vector<CollectiveSpec>> parsed = ParseCollectiveSpecs(flags.profile_specs);
+      if (!parsed.ok()) return parsed.status();
+      specs = *parsed;
+    }
+    std::vector<std::vector<int>> groups = CollectiveSpecGroups(specs, comm.size());
+    if (std::find(groups.begin(), groups.end(), world) == groups.end()) groups.push_back(world);
+    std::sort(groups.begin(), groups.end());
+    CONCERTO_RETURN_IF_ERROR(comm.CreateGroups(groups));
+    Result<std::vector<CollectiveSample>> samples = ProfileCollectives(comm, specs, flags.profile_reps);
+    if (!samples.ok()) return samples.status();
+    // One-way transfers: what the link is (ports or one medium; FitCollectives).
+    Result<std::vector<OneWaySample>> one_way =
+        ProfileOneWay(comm, DefaultOneWaySizes(flags.profile_max_bytes), flags.profile_reps);
+    if (!one_way.ok()) return one_way.status();
+    if (comm.rank() == 0)
+      CONCERTO_RETURN_IF_ERROR(
+          WriteTextFile(flags.profile_comm, WriteCollectiveSamples(*samples, comm.size(), *one_way)));
+  } else {
+    CONCERTO_RETURN_IF_ERROR(comm.CreateGroups({world}));
+  }
   if (flags.profile_interference.empty()) return Status::Ok();
   // Compute slowed by an all_reduce in flight on a second thread of this
-  // process, over MPI as in a run (the world group exists already).
+  // process, over MPI as in a run (over the world group).
   InterferenceOptions options;
   options.comm_bytes = std::min<int64_t>(options.comm_bytes, flags.profile_max_bytes / 4 * 4);
   Result<InterferenceMeasurement> m = MeasureInterference(comm, options);
@@ -370,7 +379,7 @@ int Main(int argc, char** argv) {
   Result<Flags> flags = ParseFlags(argc, argv);
   if (!flags.ok()) return rank == 0 ? fail(flags.status().message()) : 1;
   comm.SetTimeout(flags->timeout_s);  // --timeout (60 s) for every MPI call, not MpiOptions' default
-  if (!flags->profile_comm.empty()) {
+  if (!flags->profile_comm.empty() || !flags->profile_interference.empty()) {
     SetBlasThreads(1);  // as in a run (the interference kernels)
     Status st = ProfileCommMode(comm, *flags);
     return st.ok() ? 0 : fail(st.message());

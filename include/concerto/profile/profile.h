@@ -194,6 +194,16 @@ struct ComputeFit {
                                   // (norms, softmax, GELU, loss, ...) / matmul_tflops, in (0, 1]
   LinearFit matmul, memory;
 };
+/// Kernels timed in several passes, merged: each signature's time the
+/// median over the passes that timed it (reps summed), in the first
+/// pass's order; each pass's total time; their max / min (1: one pass).
+struct KernelPasses {
+  std::vector<KernelSample> kernels;
+  std::vector<double> pass_totals_us;
+  double spread = 1;
+};
+KernelPasses MedianKernelPasses(const std::vector<std::vector<KernelSample>>& passes);
+
 /// Errors: fewer than two distinct matmul or streaming samples.
 Result<ComputeFit> FitCompute(const std::vector<KernelSample>& samples);
 
