@@ -7,8 +7,10 @@
 # testbed" says why). For each workload of PLANS (default dp=2, tp=2 and a
 # pipeline, pp=2 with 4 micro-batches):
 #  1. profiles this machine inside the namespace (`concerto profile`: kernels
-#     of the workload, collectives over MPI on the shaped loopback,
-#     interference and co-run slowdowns, a fitted cpu-local cluster);
+#     of the workload in three passes over the profile, each kernel the
+#     median; collectives over MPI on the shaped loopback; interference,
+#     co-run slowdowns, the hold, the burst and the ranks' jitter; a fitted
+#     cpu-local cluster);
 #  2. makes each of SCHEDULERS' schedules (default: all seven) on that
 #     cluster + profile and takes the simulator's prediction;
 #  3. measures in ROUNDS rounds (default 5): each round times the kernels of
