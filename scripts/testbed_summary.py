@@ -14,7 +14,11 @@ do not overlap, in the measured order?) for each, and per cell the compute
 ratio: the measured compute-stream busy time over the simulated one (report
 rank, the last prediction). A ratio far from 1 says the kernels themselves ran
 slower or faster than timed and the co-run model predicted, apart from what the
-schedule model gets wrong. Also writes OUT/testbed.json.
+schedule model gets wrong. Per workload also the drift of the machine between
+the first profile and the runs: the first profile's simulated compute per
+step over the rounds' (the median over the schedules), printed as a percent;
+a first-profile miss beside a per_round hit with a drift of that size is the
+machine's speed moving, not the model. Also writes OUT/testbed.json.
 
 usage: testbed_summary.py OUT TAG=PLAN [TAG=PLAN ...]
        testbed_summary.py --combine-rounds OUT.json ROUND.json [ROUND.json ...]
@@ -100,7 +104,7 @@ def main():
         scheds = sorted({f[: -len(".measured.json")] for f in os.listdir(d)
                          if f.endswith(".measured.json") and ".round-" not in f},
                         key=lambda s: (known.index(s) if s in known else len(known), s))
-        cells = []
+        cells, drifts = [], []
         for s in scheds:
             measured = os.path.join(d, s + ".measured.json")
             cell = {"workload": plan, "scheduler": s,
@@ -108,6 +112,7 @@ def main():
                     "measured_min_ms": field(measured, "min_iteration_us") / 1e3,
                     "measured_max_ms": field(measured, "max_iteration_us") / 1e3}
             busy_measured = field(measured, "compute_busy_us")
+            busy_by_prediction = {}
             for name, suffix in PREDICTIONS:
                 paths = sorted(glob.glob(os.path.join(glob.escape(d), glob.escape(s) + suffix)))
                 if not paths:
@@ -116,9 +121,14 @@ def main():
                 cell["simulated_%s_ms" % name] = sim
                 cell["error_%s" % name] = sim / cell["measured_median_ms"] - 1
                 busy = median([field(p, "compute_busy_us") for p in paths])
+                busy_by_prediction[name] = busy
                 cell["compute_ratio"] = busy_measured / busy if busy > 0 else 0.0
+            if busy_by_prediction.get("per_round", 0) > 0 and "first" in busy_by_prediction:
+                drifts.append(busy_by_prediction["first"] / busy_by_prediction["per_round"] - 1)
             cells.append(cell)
         w = {"workload": plan, "cells": len(cells)}
+        if drifts:
+            w["first_profile_kernel_drift"] = median(drifts)
         for name, _ in PREDICTIONS:
             have = [c for c in cells if "error_%s" % name in c]
             if not have:
@@ -155,6 +165,11 @@ def main():
                 v["separable_pairs"], " (wrong or tied: %s)" % ", ".join(v["pairs_wrong"]) if v["pairs_wrong"] else ""))
         total = sum(w[n]["cells_within_10pct"] for w in workloads if n in w)
         print("- all, %s: %d of %d cells within 10%%" % (n, total, len(rows)))
+        if n == "first":
+            for w in workloads:
+                if "first_profile_kernel_drift" in w:
+                    print("- %s: the first profile's kernels against the rounds' (simulated compute per step): %+.1f%%"
+                          % (w["workload"], 100 * w["first_profile_kernel_drift"]))
         summary["cells_within_10pct_%s" % n] = total
     last = names[-1] if names else None
     steady = [c for c in rows if abs(c.get("compute_ratio", 0) - 1) <= 0.10]
