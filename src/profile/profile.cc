@@ -90,6 +90,16 @@ double Median(std::vector<double> v) {
   return v[(v.size() - 1) / 2];
 }
 
+/// The median with an even count's two middle values averaged (Median
+/// takes the lower one): for merging timings, where two of them should
+/// count alike.
+double MidMedian(std::vector<double> v) {
+  assert(!v.empty());
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /// Times one compute op with its own buffers.
 Result<KernelSample> TimeKernel(const Op& op, const Graph& graph, const GraphIndex& index, const Mesh& mesh,
                                 int rank, const KernelProfileOptions& options) {
@@ -234,10 +244,7 @@ KernelPasses MedianKernelPasses(const std::vector<std::vector<KernelSample>>& pa
     for (const KernelSample& k : pass) {
       if (!seen.insert(k.signature).second) continue;
       KernelSample m = k;
-      std::vector<double>& t = times[k.signature];
-      std::sort(t.begin(), t.end());
-      const size_t n = t.size();
-      m.time_us = n % 2 == 1 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;  // two passes: their mean
+      m.time_us = MidMedian(times[k.signature]);  // two passes: their mean
       m.reps = reps[k.signature];
       out.kernels.push_back(m);
     }
@@ -938,9 +945,9 @@ Result<InterferenceMeasurement> MeasureInterference(Communicator& comm, const In
     CONCERTO_RETURN_IF_ERROR(time_kernels(alone));
     // Jitter: the runtime's executor runs the same chain of kernels (the
     // interference kernels in turn) on every rank's compute stream (about
-    // jitter_segment_us), then a small
-    // all_reduce on its comm stream, as a run computes between two
-    // synchronisations (its stream threads as in a run); per repetition the
+    // jitter_segment_us), then a small all_reduce on its comm stream, as a
+    // run computes between two synchronisations (its stream threads as in
+    // a run); per repetition the
     // slowest rank's compute time past the ranks' mean, over the mean; the
     // round's mean over e_n (the expected largest of n standard normals):
     // the coefficient of variation of a rank's compute between two
@@ -1496,12 +1503,8 @@ Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_tex
     by_signature[ProfileDb::Signature(op, ctx, cluster)].push_back(dur);
   }
   std::vector<TraceSample> out;
-  for (auto& [signature, durations] : by_signature) {
-    std::sort(durations.begin(), durations.end());
-    const size_t n = durations.size();
-    const double median = n % 2 ? durations[n / 2] : (durations[n / 2 - 1] + durations[n / 2]) / 2;
-    out.push_back({signature, median, static_cast<int>(n)});
-  }
+  for (const auto& [signature, durations] : by_signature)
+    out.push_back({signature, MidMedian(durations), static_cast<int>(durations.size())});
   if (out.empty()) return Status::Error(source + ": no compute op events (is it a trace of `concerto run --trace`?)");
   return out;
 }
@@ -1516,7 +1519,7 @@ MergedProfile MergeProfiles(const std::vector<ProfileDb>& dbs) {
   for (auto& [key, durations] : by_key) {
     std::sort(durations.begin(), durations.end());
     const size_t n = durations.size();
-    out.db.Add(key.first, key.second, n % 2 ? durations[n / 2] : (durations[n / 2 - 1] + durations[n / 2]) / 2);
+    out.db.Add(key.first, key.second, MidMedian(durations));
     if (n != dbs.size()) continue;
     ++out.entries_in_all;
     if (n < 2 || durations.front() <= 0) continue;
@@ -1527,11 +1530,7 @@ MergedProfile MergeProfiles(const std::vector<ProfileDb>& dbs) {
       out.max_spread_signature = key.second;
     }
   }
-  if (!spreads.empty()) {
-    std::sort(spreads.begin(), spreads.end());
-    const size_t n = spreads.size();
-    out.median_spread = n % 2 ? spreads[n / 2] : (spreads[n / 2 - 1] + spreads[n / 2]) / 2;
-  }
+  if (!spreads.empty()) out.median_spread = MidMedian(spreads);
   return out;
 }
 

@@ -63,6 +63,7 @@ struct Rendezvous {
   int arrived = 0;
   std::vector<int> members;  // global op ids (gid)
   int last_gid = kNone;
+  bool cold = false;  // the last member's stream idled before it (ClusterSpec::comm_corun_hold_us)
 };
 
 struct Event {
@@ -172,7 +173,7 @@ class Simulator {
       }
       if (e.flow == kLastArrival) {
         now_ = e.time_us;
-        StartRendezvous(e.gid, e.version != 0);
+        StartRendezvous(e.gid);
         continue;
       }
       if (e.flow >= 0) {
@@ -317,7 +318,7 @@ class Simulator {
             }
             int k = coll_count[cit->second]++;
             auto [it, inserted] = coll_instance.emplace(std::make_pair(cit->second, k), static_cast<int>(rvs_.size()));
-            if (inserted) rvs_.push_back({group_size_[cit->second], 0, {}, kNone});
+            if (inserted) rvs_.push_back({group_size_[cit->second], 0, {}, kNone, false});
             rv_[gid] = it->second;
             rvs_[it->second].members.push_back(gid);
           } else if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) {
@@ -328,7 +329,7 @@ class Simulator {
             int dst = op.kind == OpKind::kSend ? peer : s.rank;
             int k = p2p_count[{src, dst, op.tag}]++;
             auto [it, inserted] = p2p_instance.emplace(std::make_tuple(src, dst, op.tag, k), static_cast<int>(rvs_.size()));
-            if (inserted) rvs_.push_back({2, 0, {}, kNone});
+            if (inserted) rvs_.push_back({2, 0, {}, kNone, false});
             rv_[gid] = it->second;
             rvs_[it->second].members.push_back(gid);
           }
@@ -407,16 +408,16 @@ class Simulator {
     int& last = stream_last_[sr][sim_[sr].stream_of[gid - sim_[sr].base]];
     // Its stream's thread idled before it (nothing ran on the stream up to
     // now): a hold applies (ClusterSpec::comm_corun_hold_us).
-    const bool cold = last == kNone || end_[last] < now_;
+    rv.cold = last == kNone || end_[last] < now_;
     last = gid;  // blocks the stream
     if (rv.arrived < rv.expected) return;
     const int id = rv_[gid];
     const double last_us = jitter_ > 0 ? LastArrivalUs(id) : now_;
     if (last_us > now_) {
-      queue_.push({last_us, seq_++, id, cold ? 1 : 0, kLastArrival});
+      queue_.push({last_us, seq_++, id, 0, kLastArrival});
       return;
     }
-    StartRendezvous(id, cold);
+    StartRendezvous(id);
   }
 
   /// When the last member of rendezvous `id` is expected to arrive
@@ -446,9 +447,9 @@ class Simulator {
 
   /// Every member of rendezvous `id` has arrived: its members start (each
   /// rank's compute since its last rendezvous counts from here) and its
-  /// transfer begins, or its co-run wait and hold first. `cold`: the last
-  /// member's stream idled before it (ClusterSpec::comm_corun_hold_us).
-  void StartRendezvous(int id, bool cold) {
+  /// transfer begins, or its co-run wait and hold first (the hold when the
+  /// last member's stream idled before it: Rendezvous::cold).
+  void StartRendezvous(int id) {
     const Rendezvous& rv = rvs_[id];
     const int gid = rv.last_gid;
     double dur = 0;
@@ -474,7 +475,7 @@ class Simulator {
       waiting_.push_back(id);
       queue_.push({now_ + comm_corun_latency_us_, seq_++, id, f.wait_version, kWaitEnd});
       f.held_us = 0;
-      if (comm_hold_us_ > 0 && cold) {
+      if (comm_hold_us_ > 0 && rv.cold) {
         f.held = true;
         f.held_dur_us = dur;
         f.held_longest = longest;

@@ -977,8 +977,9 @@ int CmdProfile(const ProfileFlags& pf) {
       "compute jitter: {:.3f} (the spread of a rank's time for the same ~{:.0f} us of kernels, every rank at once: "
       "a rendezvous waits for its slowest member; in the cluster)\n"
       "profile database ({} entries) written to {}; cluster written to {}\n",
-      kernels.size(), passes.size(), merged_passes.spread, samples->size(), comm_backend, compute->matmul_tflops, compute->matmul.r2,
-      compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us, compute->vector_efficiency,
+      kernels.size(), passes.size(), merged_passes.spread, samples->size(), comm_backend, compute->matmul_tflops,
+      compute->matmul.r2, compute->memory_gbps, compute->memory.r2, compute->launch_overhead_us,
+      compute->vector_efficiency,
       comm->latency_us, comm->bandwidth_gbps,
       comm->intra_link == "bus" ? "through one medium every transfer of the node crosses (bus)" : "per rank (ports)",
       100 * comm->max_rel_error,
@@ -994,9 +995,8 @@ int CmdProfile(const ProfileFlags& pf) {
       pf.no_corun ? "not in the cluster: --no-corun"
                   : "the cluster's corun_slowdown, corun_slowdown_memory, comm_corun_slowdown, comm_corun_latency_us "
                     "and comm_corun_hold_us",
-      interference->link_burst_us, interference->compute_jitter,
-      MedianFactor(interference->jitter_segment_us), db.size(), db_path,
-      cluster_path);
+      interference->link_burst_us, interference->compute_jitter, MedianFactor(interference->jitter_segment_us),
+      db.size(), db_path, cluster_path);
   for (const InterferenceKernel& k : interference->kernels)
     std::cout << fmt::format("  {}: {:.1f} us on rank 0 alone, {:.1f} us while every rank computes, {:.1f} us with "
                              "the all_reduce in flight too (+{:.1f}%)\n",
