@@ -19,7 +19,10 @@
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/frontend.h"
 #include "concerto/lower/sharding_plan.h"
+#include "concerto/ir/graph_index.h"
 #include "concerto/runtime/executor.h"
+#include "concerto/runtime/init.h"
+#include "concerto/runtime/kernels.h"
 #include "concerto/runtime/reference.h"
 #include "concerto/schedule/schedule.h"
 #include "concerto/util/input_file.h"
@@ -118,6 +121,31 @@ std::vector<float> FloatValues(const py::handle& key, const py::handle& value) {
                 py::str(py::type::of(value)).cast<std::string>());
   }
 }
+
+
+/// The role, graph and graph index rank `rank` of `p` runs; an Error naming the rank when it runs none.
+struct RankGraph {
+  const Role* role;
+  const Graph* graph;
+};
+RankGraph GraphOfRank(const Program& p, int rank) {
+  if (rank < 0 || rank >= p.mesh.NumRanks())
+    throw Error("rank " + std::to_string(rank) + " is outside the program's mesh of " +
+                std::to_string(p.mesh.NumRanks()) + " ranks");
+  const int r = p.RoleOfRank(rank);
+  if (r < 0) throw Error("rank " + std::to_string(rank) + " runs no role of program '" + p.name + "'");
+  const Role& role = p.roles[static_cast<size_t>(r)];
+  return {&role, &p.GraphOf(role)};
+}
+
+/// The fused-tensor layouts of a decoder preset or model file (Megatron's fused QKV weight), as `concerto run`
+/// initialises and gathers them; none for "" or a model without them.
+std::vector<SegmentedLayout> LayoutsOf(const std::string& model) {
+  if (model.empty()) return {};
+  return Take(JobRunOptions(model)).init.layouts;
+}
+
+py::bytes Bytes(const void* data, size_t n) { return py::bytes(static_cast<const char*>(data), n); }
 
 }  // namespace
 }  // namespace concerto
@@ -300,4 +328,74 @@ PYBIND11_MODULE(_concerto, m) {
   }, py::arg("program"), py::arg("losses"), py::arg("wrt"), py::arg("graph") = "",
         "append the backward (the op registry's rules) of the weighted losses [(tensor, weight)] with respect to "
         "`wrt`: (the new program, {tensor: its gradient tensor})");
+
+  m.def("verify_schedule", [](const Program& program, const std::string& schedule_json, const std::string& source) {
+    const Schedule schedule = Take(ParseSchedule(schedule_json, source));
+    return VerifySchedule(program, schedule);
+  }, py::arg("program"), py::arg("schedule"), py::arg("source") = "<schedule>",
+        "the schedule verifier's findings for the schedule file's JSON text on `program` (empty: the schedule is "
+        "valid: every op once, no same-stream deadlock, consistent collective and send/recv orders); a schedule "
+        "that does not parse raises concerto.Error");
+
+  m.def("rank_layout", [](const Program& program, int rank) {
+    const RankGraph rg = GraphOfRank(program, rank);
+    py::dict out, groups, peers, offsets, global_shapes;
+    out["role"] = rg.role->name;
+    out["graph"] = rg.graph->name;
+    out["coords"] = program.mesh.Coords(rank);
+    for (const Op& op : rg.graph->ops) {
+      if (op.kind == OpKind::kCollective) groups[py::int_(op.id)] = GroupRanks(program.mesh, op.group, rank);
+      if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv) peers[py::int_(op.id)] = PeerRank(program.mesh, op.peer, rank);
+    }
+    for (const Tensor& t : rg.graph->tensors) {
+      std::vector<int64_t> off;
+      for (size_t d = 0; d < t.shape.size(); ++d) off.push_back(ShardOffset(t, static_cast<int>(d), program.mesh, rank));
+      offsets[py::str(t.name)] = off;
+      global_shapes[py::str(t.name)] = GlobalShape(t, program.mesh);
+    }
+    out["groups"] = groups;
+    out["peers"] = peers;
+    out["offsets"] = offsets;
+    out["global_shapes"] = global_shapes;
+    return out;
+  }, py::arg("program"), py::arg("rank"),
+        "what rank `rank` runs: {'role', 'graph', 'coords' (its mesh coordinates), 'groups' {collective op id: "
+        "member ranks, ascending}, 'peers' {send/recv op id: peer rank}, 'offsets' {tensor: first global index "
+        "per dim (ShardOffset)}, 'global_shapes' {tensor: global shape}}");
+
+  m.def("rank_inputs", [](const Program& program, int rank, uint64_t seed, const std::string& model,
+                          const py::dict& input_values) {
+    const RankGraph rg = GraphOfRank(program, rank);
+    InitOptions init;
+    init.seed = seed;
+    init.layouts = LayoutsOf(model);
+    for (const auto& [key, value] : input_values) init.values[py::cast<std::string>(key)] = FloatValues(key, value);
+    const GraphIndex index = GraphIndex::Build(*rg.graph);
+    py::dict out;
+    std::vector<float> buf;
+    for (size_t i = 0; i < rg.graph->tensors.size(); ++i) {
+      if (index.producer[i] >= 0) continue;
+      const Tensor& t = rg.graph->tensors[i];
+      buf.assign(static_cast<size_t>(t.NumElements()), 0.0f);
+      Check(FillGraphInput(*rg.graph, index, static_cast<int>(i), program.mesh, rank, init, buf.data()));
+      out[py::str(t.name)] = Bytes(buf.data(), buf.size() * sizeof(float));
+    }
+    return out;
+  }, py::arg("program"), py::arg("rank"), py::arg("seed") = InitOptions{}.seed, py::arg("model") = "",
+        py::arg("inputs") = py::dict(),
+        "rank `rank`'s graph inputs as the runtime initialises them (docs/runtime.md, 'Initialisation'): {tensor: "
+        "bytes of its local float32 values, row-major} (ids as exact floats); `inputs` gives global values by "
+        "init key as execute's does; `model` names the preset or model file whose fused layouts apply");
+
+  m.def("global_indices", [](const Program& program, int rank, const std::string& tensor, const std::string& model) {
+    const RankGraph rg = GraphOfRank(program, rank);
+    for (const Tensor& t : rg.graph->tensors) {
+      if (t.name != tensor) continue;
+      const std::vector<int64_t> idx = Take(LogicalGlobalIndices(t, program.mesh, rank, LayoutsOf(model)));
+      return Bytes(idx.data(), idx.size() * sizeof(int64_t));
+    }
+    throw Error("rank " + std::to_string(rank) + " (graph '" + rg.graph->name + "') has no tensor '" + tensor + "'");
+  }, py::arg("program"), py::arg("rank"), py::arg("tensor"), py::arg("model") = "",
+        "for every local element of `tensor` on `rank` (row-major), its row-major index in the logical global "
+        "tensor: bytes of int64 (numpy.frombuffer(b, numpy.int64))");
 }
