@@ -3,10 +3,15 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: setup build demo test bench testbed clean sanitize fuzz fuzz-smoke
+.PHONY: setup setup-torch build demo test bench testbed clean sanitize fuzz fuzz-smoke
 
 setup:
 	@bash scripts/setup.sh
+
+# The venv with pip's torch 2.x (scripts/setup_torch.sh; made once per machine), handed to CMake
+# for the torch engine's and the PyTorch bridge's tests.
+setup-torch: setup $(BUILD)/build.ninja
+	PY=$$(bash scripts/setup_torch.sh) && cmake -S . -B $(BUILD) -DCONCERTO_TORCH_PYTHON=$$PY
 
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
@@ -14,12 +19,13 @@ $(BUILD)/build.ninja:
 build: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Builds only the tool (not the tests and benchmarks) before running the demo.
+# Builds only the tools (not the tests and benchmarks) before running the demo: the CLI and the
+# MPI rank program `concerto run` launches.
 demo: setup $(BUILD)/build.ninja
-	cmake --build $(BUILD) -j $(JOBS) --target concerto_cli
+	cmake --build $(BUILD) -j $(JOBS) --target concerto_cli concerto_mpi_run
 	./$(BUILD)/concerto demo --trace $(BUILD)/demo_trace.json
 
-test: build
+test: setup-torch build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # AddressSanitizer + UndefinedBehaviorSanitizer build of the unit tests that

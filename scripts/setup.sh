@@ -7,8 +7,8 @@ PKGS=(g++ make cmake ninja-build pkg-config lld
       nlohmann-json3-dev libcli11-dev libfmt-dev libyaml-cpp-dev
       libgtest-dev libgmock-dev libbenchmark-dev
       libgecode-dev coinor-libcbc-dev libopenblas-dev
-      openmpi-bin libopenmpi-dev python3 python3-dev python3-pybind11
-      python3-torch python3-torchvision)
+      openmpi-bin libopenmpi-dev python3 python3-dev python3-pybind11 python3-venv)
+# PyTorch comes from pip, in a venv made by scripts/setup_torch.sh (make test), not from here.
 # Extra packages a target needs (make fuzz: clang, with libFuzzer).
 PKGS+=("$@")
 missing=()

@@ -86,8 +86,8 @@ class Engine:
 
     `device`: "cpu" (gloo) or "cuda[:i]" (NCCL); default: cuda when the default process group is
     NCCL, else cpu. `dtype`: the float dtype tensors are computed in: "f32" (default: every float
-    tensor in fp32, as the CPU runtime computes) or "ir" (each tensor in its IR dtype: bf16
-    programs in bf16 on a GPU). `values`: global values of graph inputs by init key ({name: torch
+    tensor in fp32, as the CPU runtime computes), "f64" (for checking numerics against a float64
+    torch reference) or "ir" (each tensor in its IR dtype: bf16 programs in bf16 on a GPU). `values`: global values of graph inputs by init key ({name: torch
     tensor or array}), e.g. a module's parameters; the others are initialised from `seed` as the
     CPU runtime does (docs/runtime.md). `model`: the preset or model file the program was lowered
     from (its fused layouts). `timeout_s`: a step whose collectives have not finished after this
@@ -104,8 +104,8 @@ class Engine:
         if self.world != program.num_ranks:
             raise Error("engine: program '%s' has %d ranks but the process group has %d (torchrun --nproc-per-node %d)"
                         % (program.name, program.num_ranks, self.world, program.num_ranks))
-        if dtype not in ("f32", "ir"):
-            raise Error("engine: dtype '%s' (one of 'f32', 'ir')" % dtype)
+        if dtype not in ("f32", "f64", "ir"):
+            raise Error("engine: dtype '%s' (one of 'f32', 'f64', 'ir')" % dtype)
         if not (timeout_s > 0 and timeout_s < 1e7):
             raise Error("engine: timeout_s %r must be in (0, 1e7) seconds" % (timeout_s,))
         self.timeout_s = float(timeout_s)
@@ -129,7 +129,7 @@ class Engine:
         graph = next(g for g in doc["graphs"] if g["name"] == self.layout["graph"])
         self.graph_name = graph["name"]
         self.tensors = {t["name"]: t for t in graph["tensors"]}
-        self.float_dtype = None if dtype == "ir" else torch.float32
+        self.float_dtype = {"f32": torch.float32, "f64": torch.float64, "ir": None}[dtype]
         self.ops = [_Op(i, d) for i, d in enumerate(graph["ops"])]
         by_id = {op.d["id"]: op for op in self.ops}
         producer = {}
@@ -161,6 +161,7 @@ class Engine:
                 op.peer = self.layout["peers"][op.d["id"]]
         if self.cuda:
             self.cuda_streams = {name: torch.cuda.Stream(device=self.device) for name in self.stream_names}
+        self.model = model
         self.steps_done = 0
         self._waiters, self._completed = {}, queue.SimpleQueue()
         self.state = {}
@@ -226,7 +227,7 @@ class Engine:
                         % (name, list(value.shape), gshape))
         cache = self.__dict__.setdefault("_index_cache", {})
         if name not in cache:
-            idx = numpy.frombuffer(_concerto.global_indices(self.program, self.rank, name), dtype=numpy.int64)
+            idx = numpy.frombuffer(_concerto.global_indices(self.program, self.rank, name, self.model), dtype=numpy.int64)
             cache[name] = torch.from_numpy(idx.copy())
         idx = cache[name]
         local = value.reshape(-1)[idx.to(value.device)].reshape(t["shape"])
@@ -590,7 +591,7 @@ class Engine:
             local = key if key in self.state else (key + ".shard" if key + ".shard" in self.state else None)
             if local is None:
                 continue
-            idx = numpy.frombuffer(_concerto.global_indices(self.program, self.rank, local), dtype=numpy.int64)
+            idx = numpy.frombuffer(_concerto.global_indices(self.program, self.rank, local, self.model), dtype=numpy.int64)
             mine[key] = (self.layout["global_shapes"][local], idx.copy(),
                          self.state[local].detach().float().cpu().reshape(-1).numpy())
         parts = [mine]

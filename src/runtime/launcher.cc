@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <climits>
 #include <cstring>
 
@@ -118,5 +119,29 @@ Result<std::string> FindMpiWorker(const std::string& dir) {
 }
 
 bool RunningAsRoot() { return geteuid() == 0; }
+
+std::vector<std::string> TorchrunCommand(const TorchrunSpec& spec) {
+  std::vector<std::string> argv = {spec.python, "-m", "torch.distributed.run", "--standalone",
+                                   "--nproc-per-node", std::to_string(spec.ranks), "-m", "concerto.train",
+                                   "--program", spec.program_file, "--schedule", spec.schedule_file,
+                                   "--steps", std::to_string(spec.steps)};
+  if (!spec.model.empty()) argv.insert(argv.end(), {"--model-layouts", spec.model});
+  if (!spec.device.empty()) argv.insert(argv.end(), {"--device", spec.device});
+  if (spec.json) argv.push_back("--json");
+  return argv;
+}
+
+Result<std::string> FindTorchPython() {
+  if (const char* env = std::getenv("CONCERTO_TORCH_PYTHON"); env != nullptr && *env != '\0') {
+    if (access(env, X_OK) != 0)
+      return Status::Error(std::string("CONCERTO_TORCH_PYTHON=") + env + " is not an executable interpreter");
+    return std::string(env);
+  }
+  const char* home = std::getenv("HOME");
+  const std::string venv = std::string(home ? home : "") + "/.cache/concerto/torch-venv/bin/python";
+  if (home != nullptr && access(venv.c_str(), X_OK) == 0) return venv;
+  return Status::Error("--engine torch needs Python with torch 2.x: run scripts/setup_torch.sh (it makes " + venv +
+                       ") or set CONCERTO_TORCH_PYTHON to an interpreter that has torch");
+}
 
 }  // namespace concerto

@@ -56,6 +56,25 @@ TEST(MpirunCommand, HasTheRuntimeFlagsThenTheWorker) {
   EXPECT_EQ(IndexOf(*MpirunCommand(spec), "--allow-run-as-root"), 1);
 }
 
+TEST(TorchrunCommand, StartsTheTrainerOncePerRank) {
+  TorchrunSpec spec;
+  spec.python = "/venv/bin/python";
+  spec.ranks = 4;
+  spec.program_file = "/tmp/r/program.json";
+  spec.schedule_file = "/tmp/r/schedule.json";
+  spec.steps = 3;
+  EXPECT_EQ(ShellJoin(TorchrunCommand(spec)),
+            "/venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 4 -m concerto.train "
+            "--program /tmp/r/program.json --schedule /tmp/r/schedule.json --steps 3");
+  spec.model = "gpt-tiny";
+  spec.device = "cuda";
+  spec.json = true;
+  EXPECT_EQ(ShellJoin(TorchrunCommand(spec)),
+            "/venv/bin/python -m torch.distributed.run --standalone --nproc-per-node 4 -m concerto.train "
+            "--program /tmp/r/program.json --schedule /tmp/r/schedule.json --steps 3 --model-layouts gpt-tiny "
+            "--device cuda --json");
+}
+
 TEST(MpirunCommand, RejectsNoRanksAndNoWorker) {
   MpirunSpec spec;
   spec.worker = "w";

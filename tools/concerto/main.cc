@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <cstdio>
+#include <cstdlib>
 #include <fmt/format.h>
 #include <fstream>
 #include <iostream>
@@ -480,6 +481,8 @@ struct RunFlags {
   int fail_rank = -1, kill_rank = -1;
   bool dry_run = false;
   std::string write_schedule, write_program;  // the scheduled program that runs
+  std::string engine = "runtime";             // runtime (ours: MPI or threads) or torch (torchrun)
+  std::string device;                         // --engine torch: cpu or cuda ("" = cuda when present)
 };
 
 /// A fresh private directory for the files handed to the MPI ranks.
@@ -487,6 +490,50 @@ Result<std::string> MakeTempDir() {
   char tmpl[] = "/tmp/concerto-run-XXXXXX";
   if (!mkdtemp(tmpl)) return Status::Error(std::string("cannot create a temporary directory: ") + std::strerror(errno));
   return std::string(tmpl);
+}
+
+/// `concerto run --engine torch`: the scheduled program and its schedule trained by the torch
+/// engine (python -m concerto.train) in one process per rank under torchrun.
+int RunTorchEngine(const RunFlags& rf, const CommonFlags& flags, const ScheduledProgram& sp) {
+  for (const auto& [given, what] : {std::pair{rf.in_process, "--in-process"}, {rf.check, "--check"},
+                                    {!rf.trace.empty(), "--trace"}, {!rf.fail_op.empty(), "--fail-op"},
+                                    {!rf.kill_op.empty(), "--kill-op"}})
+    if (given)
+      return Fail(Status::Error(std::string(what) + " is not available with --engine torch (python -m concerto.train "
+                                "--check compares a torch module's training with torch's)"));
+  Result<std::string> python = FindTorchPython();
+  if (!python.ok() && !rf.dry_run) return Fail(python.status());
+  Result<std::string> dir = SelfExeDir();
+  if (!dir.ok()) return Fail(dir.status());
+  Result<std::string> tmp = rf.dry_run ? Result<std::string>(std::string("/tmp/concerto-run-DRYRUN")) : MakeTempDir();
+  if (!tmp.ok()) return Fail(tmp.status());
+  TorchrunSpec spec;
+  spec.python = python.ok() ? *python : "python3";
+  spec.ranks = sp.program.mesh.NumRanks();
+  spec.program_file = *tmp + "/program.json";
+  spec.schedule_file = *tmp + "/schedule.json";
+  spec.model = rf.model;
+  spec.steps = rf.warmup + rf.iterations;
+  spec.device = rf.device;
+  spec.json = flags.json;
+  const std::vector<std::string> argv = TorchrunCommand(spec);
+  const char* old = std::getenv("PYTHONPATH");
+  const std::string pythonpath = *dir + "/python" + (old && *old ? std::string(":") + old : "");
+  if (rf.dry_run) {
+    std::cout << "PYTHONPATH=" << ShellJoin({pythonpath}) << " " << ShellJoin(argv) << "\n";
+    return 0;
+  }
+  Status written = WriteTextFile(spec.program_file, WriteProgram(sp.program));
+  if (written.ok()) written = WriteTextFile(spec.schedule_file, WriteSchedule(sp.schedule));
+  if (!written.ok()) return Fail(written);
+  setenv("PYTHONPATH", pythonpath.c_str(), 1);
+  Progress(fmt::format("launching {} torch engine ranks under torchrun ({} steps)", spec.ranks, spec.steps));
+  SubprocessRunner runner;
+  Result<int> code = runner.Run(argv);
+  std::filesystem::remove_all(*tmp);
+  if (!code.ok()) return Fail(code.status());
+  if (*code != 0) std::fprintf(stderr, "concerto: run failed: torchrun exited with code %d\n", *code);
+  return *code;
 }
 
 /// `concerto run`: prepares (and verifies) the job here, then runs it in
@@ -510,6 +557,8 @@ int CmdRun(const RunFlags& rf, const CommonFlags& flags) {
   const int ranks = sp->program.mesh.NumRanks();
   if (rf.ranks != 0 && rf.ranks != ranks)
     return Fail(Status::Error(fmt::format("-n {}: the program needs {} ranks", rf.ranks, ranks)));
+  if (rf.engine == "torch") return RunTorchEngine(rf, flags, *sp);
+  if (!rf.device.empty()) return Fail(Status::Error("--device needs --engine torch (the runtime computes on the CPU)"));
   if (rf.in_process) {
     if (!rf.kill_op.empty()) return Fail(Status::Error("--kill-op needs MPI (it ends a process); use --fail-op"));
     LocalJobOptions local;
@@ -1129,7 +1178,15 @@ int RealMain(int argc, char** argv) {
   auto* kill_rank = run->add_option("--kill-rank", rf.kill_rank, "fault injection: the rank of --kill-op")->check(CLI::NonNegativeNumber);
   kill_op->needs(kill_rank);
   kill_rank->needs(kill_op);
-  run->add_flag("--dry-run", rf.dry_run, "print the mpirun command instead of running it");
+  run->add_flag("--dry-run", rf.dry_run, "print the mpirun (or torchrun) command instead of running it");
+  run->add_option("--engine", rf.engine,
+                  "runtime: our CPU runtime (MPI processes, or threads with --in-process); torch: the torch engine "
+                  "(python -m concerto.train under torchrun: torch ops, gloo on CPU, CUDA streams and NCCL on GPUs; "
+                  "runs warmup + iterations training steps; docs/python.md)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"runtime", "torch"}));
+  run->add_option("--device", rf.device, "with --engine torch: cpu or cuda (default: cuda when present)")
+      ->check(CLI::IsMember({"cpu", "cuda"}));
   // The scheduler's cost model and options, as simulate takes them: the same
   // command line makes the same schedule in both (driver/job.h).
   AddCommonFlags(run, flags);

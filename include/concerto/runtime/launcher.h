@@ -79,6 +79,28 @@ std::vector<std::string> WorkerArgs(const WorkerRequest& request);
 /// (non-zero when any rank failed or died).
 Result<int> LaunchWorker(MpirunSpec spec, const WorkerRequest& request, ProcessRunner& runner);
 
+/// One torch-engine job (`concerto run --engine torch`): torchrun starting
+/// `python -m concerto.train` once per rank on a scheduled program.
+struct TorchrunSpec {
+  std::string python;         // the interpreter with torch 2.x (FindTorchPython)
+  int ranks = 1;              // processes on this machine (--nproc-per-node)
+  std::string program_file;   // the scheduled program and its schedule
+  std::string schedule_file;
+  std::string model;          // the preset or model file it was lowered from ("" = none; its fused layouts)
+  int steps = 1;
+  std::string device;         // "" = the engine's default (cuda when present)
+  bool json = false;
+};
+
+/// The command line of `spec`: PYTHON -m torch.distributed.run --standalone
+/// --nproc-per-node N -m concerto.train --program P --schedule S --steps K ...
+std::vector<std::string> TorchrunCommand(const TorchrunSpec& spec);
+
+/// The interpreter the torch engine runs on: $CONCERTO_TORCH_PYTHON when
+/// set, else the venv scripts/setup_torch.sh makes ($HOME/.cache/concerto/
+/// torch-venv/bin/python) when it exists, else an error saying how to get one.
+Result<std::string> FindTorchPython();
+
 /// The directory of the running executable (readlink /proc/self/exe).
 Result<std::string> SelfExeDir();
 
