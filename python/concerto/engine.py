@@ -584,8 +584,9 @@ class Engine:
 
     def gather(self, names):
         """The global values of `names` (init keys of graph inputs: a parameter `P` is read from
-        `P` or, where only a shard is held, `P.shard`), assembled from every rank's part; every
-        rank gets them (collective: every rank must call it with the same names)."""
+        `P` or, where only a shard is held, `P.shard`), assembled from every rank's part, as
+        float64 tensors; every rank gets them (collective: every rank must call it with the same
+        names)."""
         mine = {}
         for key in names:
             local = key if key in self.state else (key + ".shard" if key + ".shard" in self.state else None)
@@ -593,7 +594,7 @@ class Engine:
                 continue
             idx = numpy.frombuffer(_concerto.global_indices(self.program, self.rank, local, self.model), dtype=numpy.int64)
             mine[key] = (self.layout["global_shapes"][local], idx.copy(),
-                         self.state[local].detach().float().cpu().reshape(-1).numpy())
+                         self.state[local].detach().double().cpu().reshape(-1).numpy())
         parts = [mine]
         if dist.is_initialized() and self.world > 1:
             parts = [None] * self.world
@@ -606,7 +607,7 @@ class Engine:
                     continue
                 shape, idx, vals = part[key]
                 if full is None:
-                    full = numpy.zeros(_numel(shape), dtype=numpy.float32)
+                    full = numpy.zeros(_numel(shape), dtype=numpy.float64)
                     gshape = shape
                 full[idx] = vals
             if full is None:
