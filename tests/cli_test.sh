@@ -115,6 +115,18 @@ check run_dry_run 0 "$BIN" run "$EX" --dry-run --iterations 3
 contains run_dry_run_yields "$TMP/out" "--mca mpi_yield_when_idle 1"
 contains run_dry_run_malloc "$TMP/out" "-x MALLOC_MMAP_THRESHOLD_=2000000000"
 contains run_dry_run_worker "$TMP/out" "concerto_mpi_run --program"
+# --engine torch: torchrun starts python -m concerto.train on the scheduled program, once per rank.
+CONCERTO_TORCH_PYTHON=/bin/true check run_torch_dry_run 0 "$BIN" run "$EX" --engine torch --dry-run --iterations 3 --device cpu
+contains run_torch_dry_run_torchrun "$TMP/out" "/bin/true -m torch.distributed.run --standalone --nproc-per-node 2 -m concerto.train --program"
+contains run_torch_dry_run_steps "$TMP/out" "--steps 3 --device cpu"
+contains run_torch_dry_run_pythonpath "$TMP/out" "PYTHONPATH="
+check run_torch_no_in_process 1 "$BIN" run "$EX" --engine torch --in-process
+contains run_torch_no_in_process_says "$TMP/err" "--in-process is not available with --engine torch"
+check run_device_needs_torch 1 "$BIN" run "$EX" --device cuda
+contains run_device_needs_torch_says "$TMP/err" "--device needs --engine torch"
+check run_unknown_engine 2 "$BIN" run "$EX" --engine tensorflow
+CONCERTO_TORCH_PYTHON=/no/such/python check run_torch_bad_python 1 "$BIN" run "$EX" --engine torch
+contains run_torch_bad_python_says "$TMP/err" "CONCERTO_TORCH_PYTHON=/no/such/python is not an executable interpreter"
 printf '{"format": "concerto-schedule", "scheduler": "hand", "roles": [{"role": "main", "streams": [{"stream": "compute", "ops": [0]}]}]}' > "$TMP/bad.schedule.json"
 check run_refuses_bad_schedule 1 "$BIN" run "$EX" --schedule "$TMP/bad.schedule.json"
 contains run_refusal_names_verifier "$TMP/err" "fails verification"
