@@ -376,6 +376,11 @@ class Engine:
         predecessors are issued (their events order the device); nothing blocks the host."""
         issued = [False] * len(self.ops)
         events = [None] * len(self.ops)
+        # The state and this step's data were written on the current stream (the constructor,
+        # local_slice, load_state_dict): every IR stream starts after them.
+        current = torch.cuda.current_stream(self.device)
+        for stream in self.cuda_streams.values():
+            stream.wait_stream(current)
         heads = [0] * len(self.streams)
         left = len(self.ops)
         remaining = dict(self.consumers)
@@ -418,6 +423,8 @@ class Engine:
                 stuck = [order[heads[s]].label for s, order in enumerate(self.streams) if heads[s] < len(order)]
                 raise Error("engine: rank %d: no op can run (a dependency cycle through the schedule): %s"
                             % (self.rank, ", ".join(stuck[:4])))
+        for stream in self.cuda_streams.values():  # what reads the results next runs on the current stream
+            current.wait_stream(stream)
 
     def _release(self, op, values, remaining, keep):
         """Drops the tensors whose last reader `op` was (the step's memory stays near its live set)."""
