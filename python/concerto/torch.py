@@ -12,17 +12,29 @@ module's own parameter values, so the result can be checked against torch's auto
 
 Only what the IR can say exactly is mapped; anything else fails with a one-line
 :class:`concerto.Error` naming the node, its ATen target and the source line that made it.
+Nodes computed only from buffers and constants are evaluated in torch (graph inputs
+``const.*``), and a constant an elementwise op broadcasts is broadcast here to the full shape;
+a computed operand is broadcast in the IR (ones-matmuls, exact). Compositions of ATen ops that
+one IR op computes exactly become that op (_match_patterns: LlamaRMSNorm -> rms_norm, gelu_new
+-> gelu with exact 0, silu(g) * u -> swiglu); torch's scaled_dot_product_attention becomes its
+definition (matmul, scale, mask, softmax, matmul). Float tensors of every torch dtype (float64
+included) are the program's float dtype; conversions between them are nothing.
 """
 
 import inspect
 import json
+import math
 import operator
 import os
 import re
 
 import torch
 from torch.fx.experimental.proxy_tensor import PythonKeyTracer, make_fx
-from torch.nn.utils import stateless
+
+try:  # torch >= 2.0; torch.nn.utils.stateless.functional_call is its deprecated predecessor
+    from torch.func import functional_call as _functional_call
+except ImportError:  # pragma: no cover - torch 1.13
+    from torch.nn.utils.stateless import functional_call as _functional_call
 
 from . import _concerto
 from ._concerto import Error
@@ -36,9 +48,18 @@ _DTYPES = {
     torch.int64: "i64",
     torch.int32: "i32",
 }
+# Float tensors of any torch dtype become the program's float dtype (the CPU runtime computes in
+# fp32 whatever the IR says); a float64 module is captured as an f32 program by default.
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 _ELEM_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "i64": 8, "i32": 4}
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
+
+
+def _ir_dtype(torch_dtype, float_dtype):
+    """The IR dtype of a torch dtype in a program whose float tensors are `float_dtype`; None
+    where the IR has none (bool, complex, uint8, ...)."""
+    return float_dtype if torch_dtype in _FLOATS else _DTYPES.get(torch_dtype)
 
 
 def _numel(shape):
@@ -73,18 +94,36 @@ class _DropoutMask:
 
 def _source_line(node):
     """'file:line `code`' of the innermost frame outside torch and this file, from the stack
-    torch.fx recorded for `node` (innermost frame first; '' when none was recorded)."""
+    torch.fx recorded for `node` ('' when none was recorded). torch 1.13 records the stack
+    innermost frame first, torch 2.x outermost first (and from 2.5 or so only `forward` frames):
+    the order is read off the stack itself, from where capture's own frames (`capture` calling
+    `step`) stand; without them (forward frames only) it is outermost first."""
     lines = (node.stack_trace or "").splitlines()
+    frames, own = [], {}
     for i, line in enumerate(lines):
-        m = re.match(r'\s*File "([^"]+)", line (\d+), in ', line)
+        m = re.match(r'\s*File "([^"]+)", line (\d+), in (\S+)', line)
         if not m:
             continue
         path = os.path.abspath(m.group(1))
-        if path.startswith(_TORCH_DIR) or path == _THIS_FILE or m.group(1).startswith("<"):
+        if path == _THIS_FILE:
+            own.setdefault(m.group(3), len(frames))
+            frames.append(None)
+            continue
+        if path.startswith(_TORCH_DIR + os.sep) or m.group(1).startswith("<"):  # not torchvision's
+            frames.append(None)
             continue
         code = lines[i + 1].strip() if i + 1 < len(lines) and not lines[i + 1].lstrip().startswith("File ") else ""
-        return "%s:%s%s" % (m.group(1), m.group(2), " `%s`" % code if code else "")
-    return ""
+        frames.append("%s:%s%s" % (m.group(1), m.group(2), " `%s`" % code if code else ""))
+    if "step" in own:
+        # The module's frames lie on the far side of `step` from `capture` (its caller).
+        outer_first = own.get("capture", -1) < own["step"]
+        inner = frames[own["step"] + 1:] if outer_first else frames[:own["step"]]
+    else:
+        outer_first, inner = True, frames
+    inner = [f for f in inner if f is not None]
+    if not inner:
+        return ""
+    return inner[-1] if outer_first else inner[0]
 
 
 def _block_of(param_name):
@@ -156,6 +195,11 @@ class _Lowering:
         self.sync_bn = sync_bn
         self.values = {}    # fx node -> _Value (or a tuple of them for multi-output nodes)
         self.node = None
+        self.constants = {}    # IR tensor -> torch tensor: the graph inputs capture evaluated in torch
+        self.param_names = {}  # IR tensor -> torch parameter name
+        self.param_rows = {}   # IR tensor -> (torch parameter name, row): a parameter's row read without a gradient
+        self._bcast = {}       # (constant, shape) -> the constant broadcast to shape
+        self.raw_constants = {}  # fx node -> torch tensor: constants of a dtype the IR lacks (bool masks)
 
     # ---- helpers --------------------------------------------------------------------------
     def fail(self, why):
@@ -165,6 +209,9 @@ class _Lowering:
         if not isinstance(a, torch.fx.Node):
             self.fail("argument %r is not a tensor" % (a,))
         v = self.values.get(a)
+        if v is None and a in self.raw_constants:
+            self.fail("reads the constant '%s' of dtype %s (the IR has no such dtype)"
+                      % (a.name, self.raw_constants[a].dtype))
         if v is None:
             self.fail("input '%s' has no value in the IR" % a.name)
         if isinstance(v, tuple):
@@ -190,6 +237,14 @@ class _Lowering:
         shape = tuple(int(d) for d in shape)
         if _numel(shape) != _numel(v.shape):
             self.fail("reshape of %s to %s changes the element count" % (list(v.shape), list(shape)))
+        if v.t and len(shape) >= 2 and shape[-2:] == tuple(v.shape[-2:]):
+            # Only the batch dims change: reshape the stored tensor, keep the transpose pending.
+            stored = shape[:-2] + (shape[-1], shape[-2])
+            if stored == tuple(self.g.shape(v.name)):
+                return _Value(v.name, shape, v.dtype, True)
+            out = self.new(stored, v.dtype, self.node.name + suffix)
+            self.emit("identity", [v.name], [out], 0, suffix=suffix)
+            return _Value(out, shape, v.dtype, True)
         src = self.materialize(v)
         if shape == tuple(self.g.shape(src)):
             return _Value(src, shape, v.dtype)
@@ -225,23 +280,107 @@ class _Lowering:
                   {"transpose_a": int(a.t), "transpose_b": int(b.t)}, suffix)
         return _Value(out, shape, a.dtype)
 
+    def is_const(self, v):
+        return isinstance(v, _Value) and v.name in self.constants and not v.t
+
+    def constant(self, stem, value, dtype=None):
+        """A new graph input holding `value` (a torch tensor), evaluated here."""
+        dtype = dtype or _ir_dtype(value.dtype, self.float_dtype)
+        if dtype is None:
+            self.fail("constant of dtype %s (the IR has none)" % value.dtype)
+        name = self.g.tensor(stem, value.shape, dtype)
+        self.constants[name] = value
+        return _Value(name, value.shape, dtype)
+
+    def scalar_const(self, c, like, suffix):
+        """The number c as a constant [like's last dim] (what an add broadcasts over leading dims)."""
+        shape = tuple(like.shape[-1:])
+        dt = torch.float64 if like.dtype not in ("i64", "i32") else torch.int64
+        return self.constant("const.%s%s" % (self.node.name, suffix), torch.full(shape, c, dtype=dt), like.dtype)
+
+    def broadcast_to(self, v, shape, suffix=".bcast"):
+        """v broadcast to `shape` (torch's rules). A constant is broadcast here, in torch (it
+        becomes a constant of the full shape); a computed tensor in the IR: leading dims by a
+        ones-matmul (expand_rows), any other dim of size 1 by (v as a column) @ ones[1, n] and a
+        transpose that moves the new dim into place; both exact (each element times 1)."""
+        shape = tuple(int(d) for d in shape)
+        if tuple(v.shape) == shape:
+            return v
+        src = (1,) * (len(shape) - len(v.shape)) + tuple(v.shape)
+        if len(src) != len(shape) or any(a != b and a != 1 for a, b in zip(src, shape)):
+            self.fail("broadcast of %s to %s" % (list(v.shape), list(shape)))
+        if self.is_const(v):
+            key = (v.name, shape)
+            if key not in self._bcast:
+                value = self.constants[v.name].reshape(src).expand(shape).contiguous()
+                self._bcast[key] = self.constant(v.name + ".bcast", value, v.dtype)
+            return self._bcast[key]
+        grown = [i for i, (a, b) in enumerate(zip(src, shape)) if a != b]
+        lead = max(grown) + 1
+        if all(src[i] == 1 for i in range(lead)):
+            return self.expand_rows(v, _numel(shape[:lead]), shape, suffix)
+        cur = self.reshape(v, src, suffix + ".rank")
+        for k, d in enumerate(grown):
+            p, q, n = _numel(cur.shape[:d]), _numel(cur.shape[d + 1:]), shape[d]
+            sfx = "%s%d" % (suffix, k)
+            col = self.reshape(cur, (p * q, 1), sfx + ".col")
+            ones = self.g.ones(n, cur.dtype)
+            out = self.new((p * q, n), cur.dtype, self.node.name + sfx)
+            self.emit("matmul", [col.name, ones], [out], 2.0 * p * q * n, {"transpose_a": 0, "transpose_b": 0}, sfx)
+            grid = _Value(out, (p * q, n), cur.dtype)
+            if q > 1:  # [p, q, n] -> [p, n, q]
+                grid = self.transpose(self.reshape(grid, (p, q, n), sfx + ".pqn"), 1, 2)
+            new_shape = list(cur.shape)
+            new_shape[d] = n
+            cur = self.reshape(grid, new_shape, sfx + ".out")
+        return cur
+
+    def broadcast_pair(self, x, y):
+        """x and y brought to their common (torch) shape."""
+        try:
+            shape = tuple(torch.broadcast_shapes(tuple(x.shape), tuple(y.shape)))
+        except RuntimeError:
+            self.fail("shapes %s and %s do not broadcast" % (list(x.shape), list(y.shape)))
+        return self.broadcast_to(x, shape, ".bcast_a"), self.broadcast_to(y, shape, ".bcast_b")
+
     def add(self, x, y, suffix=""):
-        """x + y where one operand's shape (without leading 1s) is a suffix of the other's."""
+        """x + y with torch's broadcasting: an operand whose shape (without leading 1s) is a
+        suffix of the other's is broadcast by the IR's add itself; otherwise each is brought to
+        the common shape (broadcast_to)."""
+        if tuple(x.shape) != tuple(y.shape):
+            for a, b in ((x, y), (y, x)):  # a one-element constant: as a constant of the other's last dim
+                if self.is_const(b) and _numel(b.shape) == 1 and len(b.shape) <= len(a.shape) and a.shape:
+                    c = self.constants[b.name].reshape(()).item()
+                    x, y = a, self.scalar_const(c, a, suffix + ".c")
+                    break
         if tuple(x.shape) != tuple(y.shape):
             def core(s):
                 s = list(s)
                 while len(s) > 1 and s[0] == 1:
                     s.pop(0)
                 return tuple(s)
-            if len(core(y.shape)) <= len(x.shape) and tuple(x.shape[len(x.shape) - len(core(y.shape)):]) == core(y.shape):
+            if not y.shape or not x.shape:  # a 0-d operand: as [1]
+                x, y = (self.reshape(x, (1,), suffix + ".1d") if not x.shape else x,
+                        self.reshape(y, (1,), suffix + ".1d") if not y.shape else y)
+            if tuple(x.shape) == tuple(y.shape):
+                pass
+            elif len(core(y.shape)) <= len(x.shape) and tuple(x.shape[len(x.shape) - len(core(y.shape)):]) == core(y.shape):
                 y = self.reshape(y, core(y.shape), suffix + ".bcast")
             elif len(core(x.shape)) <= len(y.shape) and tuple(y.shape[len(y.shape) - len(core(x.shape)):]) == core(x.shape):
                 x, y = y, self.reshape(x, core(x.shape), suffix + ".bcast")
             else:
-                self.fail("broadcast of %s with %s (only a trailing-dims operand broadcasts)" % (list(x.shape), list(y.shape)))
+                x, y = self.broadcast_pair(x, y)
         xs, ys = self.materialize(x), self.materialize(y)
         out = self.new(x.shape, x.dtype, self.node.name + suffix if suffix else None)
         self.emit("add", [xs, ys], [out], suffix=suffix)
+        return _Value(out, x.shape, x.dtype)
+
+    def mul(self, x, y, suffix=""):
+        """x * y with torch's broadcasting (the IR's mul takes equal shapes)."""
+        if tuple(x.shape) != tuple(y.shape):
+            x, y = self.broadcast_pair(x, y)
+        out = self.new(x.shape, x.dtype, self.node.name + suffix if suffix else None)
+        self.emit("mul", [self.materialize(x), self.materialize(y)], [out], suffix=suffix)
         return _Value(out, x.shape, x.dtype)
 
     def scale(self, x, s, suffix=""):
@@ -262,6 +401,29 @@ class _Lowering:
         self.emit("matmul", [ones, x2.name], [out], 2.0 * rows * _numel(x.shape),
                   {"transpose_a": 1, "transpose_b": 0}, suffix)
         return self.reshape(_Value(out, (rows, _numel(x.shape)), x.dtype), shape, suffix + ".out")
+
+    # ---- fused patterns (_match_patterns): compositions of ATen ops one IR op computes --------
+    def fused_rms_norm(self, x, gamma, eps):
+        v = self.val(x)
+        h = v.shape[-1]
+        if gamma is None:
+            g = self.reshape(_Value(self.g.ones(h, v.dtype), (1, h), v.dtype), (h,), ".gamma")
+        else:
+            g = self.val(gamma)
+            if tuple(g.shape) != (h,):
+                self.fail("rms_norm scale of shape %s for rows of %d" % (list(g.shape), h))
+        out = self.new(v.shape, v.dtype)
+        self.emit("rms_norm", [self.materialize(v), self.materialize(g)], [out], attrs={"eps": float(eps)})
+        return _Value(out, v.shape, v.dtype)
+
+    def fused_gelu_tanh(self, x):
+        return self.unary("gelu", self.val(x), {"exact": 0})
+
+    def fused_swiglu(self, gate, up):
+        g, u = self.val(gate), self.val(up)
+        out = self.new(g.shape, g.dtype)
+        self.emit("swiglu", [self.materialize(g), self.materialize(u)], [out])
+        return _Value(out, g.shape, g.dtype)
 
     # ---- handlers: one per ATen op packet -------------------------------------------------
     def h_alias(self, x, *rest, **kw):
@@ -307,11 +469,25 @@ class _Lowering:
         c = self.matmul(self.val(a), self.val(b), ".mm")
         return self.add(c, self.val(bias))
 
+    def number(self, a):
+        """a as a Python number when it is one, or a single-element constant (a 0-d tensor
+        torch made from a number: x / torch.full([], c)); else None."""
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            return a
+        if isinstance(a, torch.fx.Node):
+            v = self.values.get(a)
+            if self.is_const(v) and self.constants[v.name].numel() == 1 and self.constants[v.name].is_floating_point():
+                return float(self.constants[v.name].reshape(()).item())
+        return None
+
     def h_add(self, x, y, alpha=1):
-        if not isinstance(y, torch.fx.Node):
-            if y == 0:
+        c = self.number(y)
+        if c is not None and not isinstance(y, torch.fx.Node):
+            if c == 0:
                 return self.val(x)
-            self.fail("adding the constant %r (only tensors)" % (y,))
+            # x + c: c as a constant of x's last dim, which the add broadcasts.
+            xv = self.val(x)
+            return self.add(xv, self.scalar_const(c * alpha, xv, ".c"))
         yv = self.val(y)
         if alpha != 1:
             yv = self.scale(yv, alpha, ".alpha")
@@ -319,8 +495,15 @@ class _Lowering:
 
     def h_sub(self, x, y, alpha=1):
         if not isinstance(y, torch.fx.Node):
-            self.fail("subtracting the constant %r (only tensors)" % (y,))
+            return self.h_add(x, -y, alpha)
         return self.add(self.val(x), self.scale(self.val(y), -alpha, ".neg"))
+
+    def h_rsub(self, x, y, alpha=1):
+        """y - alpha x."""
+        xv = self.scale(self.val(x), -alpha, ".neg")
+        if isinstance(y, torch.fx.Node):
+            return self.add(xv, self.val(y))
+        return xv if y == 0 else self.add(xv, self.scalar_const(y, xv, ".c"))
 
     def h_empty_like(self, x, *rest, **kw):
         if not all(_packet(u) in ("bernoulli_", "bernoulli") for u in self.node.users):
@@ -342,21 +525,99 @@ class _Lowering:
             if isinstance(self.values.get(b), _DropoutMask):
                 # Dropout's cost (an elementwise pass) without its randomness (dropout='identity').
                 return self.scale(self.val(a), 1.0)
-        if not isinstance(y, torch.fx.Node):
-            return self.scale(self.val(x), y)
-        xv, yv = self.val(x), self.val(y)
-        if xv.shape != yv.shape:
-            self.fail("elementwise product of shapes %s and %s (broadcasting is not supported)" % (list(xv.shape), list(yv.shape)))
-        out = self.new(xv.shape, xv.dtype)
-        self.emit("mul", [self.materialize(xv), self.materialize(yv)], [out])
-        return _Value(out, xv.shape, xv.dtype)
+        for a, b in ((x, y), (y, x)):
+            c = self.number(b)
+            if c is not None and isinstance(a, torch.fx.Node):
+                av = self.val(a)
+                if not (isinstance(b, torch.fx.Node) and len(self.val(b).shape) > len(av.shape)):
+                    return self.scale(av, c)
+        return self.mul(self.val(x), self.val(y))
 
     def h_div(self, x, y, rounding_mode=None):
         if isinstance(self.values.get(x), _DropoutMask):
             return self.values[x]  # the mask's 1 / (1 - p)
-        if isinstance(y, torch.fx.Node) or rounding_mode is not None:
-            self.fail("division by a tensor (only by a constant)")
-        return self.scale(self.val(x), 1.0 / y)
+        if rounding_mode is not None:
+            self.fail("division with rounding_mode=%r" % rounding_mode)
+        c = self.number(y)
+        if c is not None and not (isinstance(y, torch.fx.Node) and len(self.val(y).shape) > len(self.val(x).shape)):
+            if c == 0:
+                self.fail("division by zero")
+            return self.scale(self.val(x), 1.0 / c)
+        yv = self.val(y) if isinstance(y, torch.fx.Node) else None
+        if not self.is_const(yv):
+            self.fail("division by a computed tensor (only by a number or a constant)")
+        # x / c for a constant c: x times the constant 1 / c (as a division by a number is a scale by its inverse).
+        return self.mul(self.val(x), self.constant(yv.name + ".recip", 1.0 / self.constants[yv.name], yv.dtype))
+
+    def h_where(self, cond, x, y):
+        """torch.where(cond, x, y) for a constant cond (a mask evaluated here) as a gather: the
+        operands' elements stacked as the rows of a one-column table (a number as one row, a
+        constant as a constant, a computed tensor broadcast to the output's shape), and an
+        embedding of it with the constant ids cond selects. A copy of the selected elements
+        (exact for any values, inf and nan included); the gradient reaches each computed
+        operand where it was selected (embedding_grad, the concat's slices)."""
+        if not isinstance(cond, torch.fx.Node) or cond.meta["tensor_meta"].dtype != torch.bool:
+            self.fail("where on a condition that is not a boolean tensor")
+        mask = self.raw_constants.get(cond)
+        if mask is None:
+            v = self.values.get(cond)
+            mask = self.constants.get(v.name) if self.is_const(v) else None
+        if mask is None:
+            self.fail("where on a computed condition (only constant ones, evaluated at capture)")
+        shape = tuple(self.node.meta["tensor_meta"].shape)
+        n = _numel(shape)
+        parts, index, rows, dtype = [], [], 0, None
+        for k, operand in enumerate((x, y)):
+            c = self.number(operand) if not isinstance(operand, torch.fx.Node) else None
+            if c is not None:
+                value = torch.full((1, 1), c, dtype=torch.float64)
+            else:
+                v = self.val(operand)
+                dtype = dtype or v.dtype
+                value = self.constants[v.name].expand(shape).reshape(n, 1) if self.is_const(v) else None
+            if value is not None:
+                part = self.constant("const.%s.%d" % (self.node.name, k), value.contiguous().to(torch.float64),
+                                     dtype or self.float_dtype).name
+            else:
+                part = self.reshape(self.broadcast_to(v, shape, ".%d" % k), (n, 1), ".%d.col" % k).name
+            size = self.g.shape(part)[0]
+            index.append(torch.arange(n) % size + rows)  # one row: every element reads it
+            parts.append(part)
+            rows += size
+        dtype = dtype or self.float_dtype
+        table = self.new((rows, 1), dtype, self.node.name + ".table")
+        self.emit("concat", parts, [table], 0, {"axis": 0}, ".table")
+        ids = torch.where(mask.expand(shape).reshape(n), index[0], index[1]).to(torch.int64)
+        ids = self.constant("const.%s.ids" % self.node.name, ids, "i64")
+        out = self.new((n, 1), dtype, self.node.name + ".gather")
+        self.emit("embedding", [table, ids.name], [out], 0, suffix=".gather")
+        return self.reshape(_Value(out, (n, 1), dtype), shape, ".out")
+
+    def h_masked_fill(self, x, mask, value):
+        return self.h_where(mask, value, x)
+
+    def h_pow(self, x, exponent):
+        """x ** n for n = 1, 2, 3 as products (other exponents have no IR form)."""
+        if isinstance(exponent, torch.fx.Node) or exponent not in (1, 2, 3):
+            self.fail("pow with exponent %r (only 1, 2, 3: products)" % (exponent,))
+        v = self.val(x)
+        if exponent == 1:
+            return v
+        sq = self.mul(v, v, ".sq" if exponent == 3 else "")
+        return sq if exponent == 2 else self.mul(sq, v)
+
+    def h__to_copy(self, x, *rest, **kw):
+        """A dtype conversion: between float dtypes nothing (every float tensor has the program's
+        dtype); to or from an integer dtype the IR's cast."""
+        v = self.val(x)
+        want = _ir_dtype(self.node.meta["tensor_meta"].dtype, self.float_dtype)
+        if want is None:
+            self.fail("conversion to %s (the IR has no such dtype)" % self.node.meta["tensor_meta"].dtype)
+        if want == v.dtype:
+            return v
+        out = self.new(v.shape, want)
+        self.emit("cast", [self.materialize(v)], [out], 0)
+        return _Value(out, v.shape, want)
 
     def h_relu(self, x):
         return self.unary("relu", self.val(x))
@@ -516,14 +777,11 @@ class _Lowering:
     def h_expand(self, x, size, implicit=False):
         v = self.val(x)
         target = tuple(self.node.meta["tensor_meta"].shape)
-        src = (1,) * (len(target) - len(v.shape)) + tuple(v.shape)
-        grown = [i for i, (a, b) in enumerate(zip(src, target)) if a != b]
-        if not grown:
+        if target == tuple(v.shape):
+            return v
+        if _numel(target) == _numel(v.shape):
             return self.reshape(v, target)
-        lead = max(grown) + 1
-        if any(src[i] != 1 for i in range(lead)):
-            self.fail("expand of %s to %s (only leading dims of size 1 grow)" % (list(v.shape), list(target)))
-        return self.expand_rows(v, _numel(target[:lead]), target, ".expand")
+        return self.broadcast_to(v, target, ".expand")
 
     def h_cat(self, tensors, dim=0):
         vs = [self.val(t) for t in tensors]
@@ -535,12 +793,105 @@ class _Lowering:
 
     def h_embedding(self, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
         w, ids = self.val(weight), self.val(indices)
-        if scale_grad_by_freq or sparse or padding_idx not in (-1, None):
-            self.fail("embedding with padding_idx, scale_grad_by_freq or sparse")
+        if scale_grad_by_freq or sparse:
+            self.fail("embedding with scale_grad_by_freq or sparse")
+        if len(w.shape) != 2:
+            self.fail("embedding table of rank %d" % len(w.shape))
         shape = tuple(ids.shape) + (w.shape[1],)
+        table = self.materialize(w)
+        if padding_idx is not None and padding_idx >= 0:
+            # torch reads row padding_idx in the forward and gives it no gradient: the table is
+            # re-assembled from its other rows (slices, which the gradient reaches) and that row
+            # as a graph input of its own holding the parameter's row (Captured.values feeds it),
+            # which the autodiff does not differentiate.
+            pname = self.param_names.get(w.name)
+            if pname is None or w.t:
+                self.fail("embedding with padding_idx of a table that is not a parameter")
+            vocab, pad = w.shape[0], int(padding_idx)
+            row = self.g.tensor("%s.row%d" % (w.name, pad), (1, w.shape[1]), w.dtype)
+            self.g.layer_of[row] = self.g.layer_of.get(w.name, -1)
+            self.param_rows[row] = (pname, pad)
+            parts = []
+            for start, n in ((0, pad), (pad, 1), (pad + 1, vocab - pad - 1)):
+                if n == 0:
+                    continue
+                if start == pad:
+                    parts.append(row)
+                    continue
+                piece = self.new((n, w.shape[1]), w.dtype, "%s.rows%d" % (self.node.name, start))
+                self.emit("slice", [table], [piece], 0, {"axis": 0, "start": start, "len": n}, ".rows%d" % start)
+                parts.append(piece)
+            table = self.new(w.shape, w.dtype, self.node.name + ".table")
+            self.emit("concat", parts, [table], 0, {"axis": 0}, ".table")
         out = self.new(shape, w.dtype)
-        self.emit("embedding", [w.name, ids.name], [out], 0)
+        self.emit("embedding", [table, ids.name], [out], 0)
         return _Value(out, shape, w.dtype)
+
+    def attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                  enable_gqa=False):
+        """torch's scaled_dot_product_attention as its definition: softmax(q k^T scale + mask) v
+        (matmul, scale, add, softmax, matmul: the scores materialised, as torch 1.13's
+        nn.MultiheadAttention computed them). A boolean mask (True: attend) is the additive
+        mask 0 / -inf, is_causal the lower-triangular one (query i sees keys j <= i)."""
+        q, k, v = self.val(query), self.val(key), self.val(value)
+        if len(q.shape) < 2 or len(k.shape) != len(q.shape) or len(v.shape) != len(q.shape):
+            self.fail("attention of shapes %s, %s, %s" % (list(q.shape), list(k.shape), list(v.shape)))
+        if dropout_p and self.dropout != "identity":
+            self.fail("attention dropout with p=%g (random masks are not in the IR: set p=0, or capture with "
+                      "dropout='identity' to keep its cost and drop its randomness)" % dropout_p)
+        if k.shape[:-3] != q.shape[:-3] or (len(q.shape) >= 3 and k.shape[-3] != q.shape[-3]):
+            if not (enable_gqa and len(q.shape) >= 3 and q.shape[-3] % k.shape[-3] == 0):
+                self.fail("attention with query %s and key %s" % (list(q.shape), list(k.shape)))
+            # Grouped-query attention: kv head g serves query heads g*rep .. g*rep + rep - 1.
+            rep = q.shape[-3] // k.shape[-3]
+
+            def repeat(t, sfx):
+                grown = t.shape[:-2] + (1,) + t.shape[-2:]
+                wide = self.broadcast_to(self.reshape(t, grown, sfx + ".g"), t.shape[:-2] + (rep,) + t.shape[-2:], sfx)
+                return self.reshape(wide, t.shape[:-3] + (t.shape[-3] * rep,) + t.shape[-2:], sfx + ".heads")
+            k, v = repeat(k, ".k_rep"), repeat(v, ".v_rep")
+        s = self.matmul(q, self.transpose(k, -2, -1), ".scores")
+        s = self.scale(s, scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]), ".scaled")
+        lq, lk = q.shape[-2], k.shape[-2]
+        if is_causal:
+            causal = torch.zeros(lq, lk, dtype=torch.float64).masked_fill(
+                ~torch.ones(lq, lk, dtype=torch.bool).tril(), float("-inf"))
+            s = self.add(s, self.constant("const.%s.causal" % self.node.name, causal, s.dtype), ".causal")
+        if attn_mask is not None:
+            if isinstance(attn_mask, torch.fx.Node) and attn_mask in self.raw_constants:  # a boolean mask
+                keep = self.raw_constants[attn_mask]
+                additive = torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, float("-inf"))
+                mv = self.constant("const.%s.additive" % attn_mask.name, additive, s.dtype)
+            else:
+                mv = self.val(attn_mask)
+            if mv.dtype not in ("f32", "f16", "bf16"):
+                self.fail("attention with a computed %s mask (only float masks, or constant boolean ones)" % mv.dtype)
+            s = self.add(s, mv, ".mask")
+        probs = self.new(s.shape, s.dtype, self.node.name + ".probs")
+        self.emit("softmax", [self.materialize(s)], [probs], suffix=".probs")
+        probs = _Value(probs, s.shape, s.dtype)
+        if dropout_p:
+            probs = self.scale(probs, 1.0, ".dropout")  # dropout='identity': its cost, no randomness
+        return self.matmul(probs, v)
+
+    def _attention_outputs(self, out):
+        val = self.node.meta.get("val")
+        return (out,) + (None,) * (len(val) - 1) if isinstance(val, (tuple, list)) else out
+
+    def h_scaled_dot_product_attention(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                       scale=None, enable_gqa=False):
+        return self.attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def h__scaled_dot_product_flash_attention_for_cpu(self, query, key, value, dropout_p=0.0, is_causal=False,
+                                                       attn_mask=None, scale=None):
+        return self._attention_outputs(self.attention(query, key, value, attn_mask, dropout_p, is_causal, scale))
+
+    def h__scaled_dot_product_attention_math(self, query, key, value, attn_mask=None, dropout_p=0.0,
+                                             is_causal=False, dropout_mask=None, scale=None, enable_gqa=False):
+        if dropout_mask is not None:
+            self.fail("attention with a dropout mask (random masks are not in the IR)")
+        return self._attention_outputs(self.attention(query, key, value, attn_mask, dropout_p, is_causal, scale,
+                                                      enable_gqa))
 
     def h_native_dropout(self, x, p, train):
         return (self.h_dropout(x, p, train), None)
@@ -559,7 +910,8 @@ _ALIASES = {"clone", "detach", "contiguous", "alias", "lift_fresh", "lift_fresh_
 _VIEWS = {"view", "_unsafe_view", "_reshape_alias", "reshape"}
 _VIEW_OPS = {"view", "_unsafe_view", "_reshape_alias", "reshape", "slice", "select", "t", "transpose", "permute",
              "expand", "unsqueeze", "squeeze", "alias", "split", "split_with_sizes", "detach"}
-_INPLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "div_": "div", "sub_": "sub", "silu_": "silu"}
+_INPLACE = {"relu_": "relu", "add_": "add", "mul_": "mul", "div_": "div", "sub_": "sub", "silu_": "silu",
+            "masked_fill_": "masked_fill"}
 
 
 def supported_ops():
@@ -572,6 +924,183 @@ def _packet(node):
     return str(node.target).split(".")[1] if str(node.target).startswith("aten.") else str(node.target)
 
 
+def _call(n, *packets):
+    return isinstance(n, torch.fx.Node) and n.op == "call_function" and _packet(n) in packets
+
+
+def _is_float_node(n):
+    meta = n.meta.get("tensor_meta") if isinstance(n, torch.fx.Node) else None
+    return meta is not None and meta.dtype in _FLOATS
+
+
+def _through(n, seen):
+    """n with the float-to-float conversions and aliases in front of it skipped (added to `seen`)."""
+    while (_call(n, "_to_copy", "clone", "alias", "contiguous", "detach") and n.args
+           and isinstance(n.args[0], torch.fx.Node)):
+        if _packet(n) == "_to_copy" and not (_is_float_node(n) and _is_float_node(n.args[0])):
+            break
+        seen.add(n)
+        n = n.args[0]
+    return n
+
+
+def _num(a):
+    return a if isinstance(a, (int, float)) and not isinstance(a, bool) else None
+
+
+def _alpha_is_one(n):
+    return n.kwargs.get("alpha", n.args[2] if len(n.args) > 2 else 1) == 1
+
+
+def _rms_core(n):
+    """n = x * rsqrt(mean(x ** 2, -1, keepdim) + eps) (LlamaRMSNorm without its scale):
+    (x, eps, the nodes in between) or None."""
+    if not _call(n, "mul") or len(n.args) != 2:
+        return None
+    for xs, rs in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
+        seen = set()
+        r = _through(rs, seen)
+        if not _call(r, "rsqrt"):
+            continue
+        a = _through(r.args[0], seen)
+        if not (_call(a, "add") and _num(a.args[1]) is not None and _alpha_is_one(a)):
+            continue
+        m = _through(a.args[0], seen)
+        if not _call(m, "mean") or len(m.args) < 2 or m.kwargs.get("dtype") is not None:
+            continue
+        keepdim = m.args[2] if len(m.args) > 2 else m.kwargs.get("keepdim", False)
+        src = m.args[0]
+        rank = len(src.meta["tensor_meta"].shape) if isinstance(src, torch.fx.Node) and "tensor_meta" in src.meta else 0
+        if not keepdim or rank == 0 or [int(d) % rank for d in m.args[1]] != [rank - 1]:
+            continue
+        sq = _through(src, seen)
+        if _call(sq, "pow") and sq.args[1] == 2:
+            base = sq.args[0]
+        elif _call(sq, "mul") and sq.args[0] is sq.args[1]:
+            base = sq.args[0]
+        else:
+            continue
+        if not isinstance(xs, torch.fx.Node) or not isinstance(base, torch.fx.Node):
+            continue
+        x = _through(xs, seen)
+        if _through(base, seen) is not x:
+            continue
+        return x, a.args[1], seen | {r, a, m, sq}
+    return None
+
+
+def _gelu_tanh(n):
+    """n = x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x ** 3))) (HF's gelu_new, the IR's
+    gelu with exact 0): (x, the nodes in between) or None."""
+    if not _call(n, "mul") or len(n.args) != 2:
+        return None
+
+    def near(a, want):
+        return _num(a) is not None and abs(a - want) <= 1e-12 * want
+
+    def scaled(m, want):  # m = y * want: y
+        if _call(m, "mul") and len(m.args) == 2:
+            for y, c in ((m.args[0], m.args[1]), (m.args[1], m.args[0])):
+                if isinstance(y, torch.fx.Node) and near(c, want):
+                    return y
+        return None
+
+    for hs, ts in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
+        seen = set()
+        h = _through(hs, seen) if isinstance(hs, torch.fx.Node) else None
+        x = scaled(h, 0.5)
+        one = _through(ts, seen) if isinstance(ts, torch.fx.Node) else None
+        if x is None or not (_call(one, "add") and _num(one.args[1]) == 1 and _alpha_is_one(one)):
+            continue
+        t = _through(one.args[0], seen)
+        if not _call(t, "tanh"):
+            continue
+        m3 = _through(t.args[0], seen)
+        inner = scaled(m3, math.sqrt(2.0 / math.pi))
+        a6 = _through(inner, seen) if inner is not None else None
+        if not (_call(a6, "add") and _alpha_is_one(a6) and all(isinstance(a, torch.fx.Node) for a in a6.args[:2])):
+            continue
+        x = _through(x, seen)
+        for xa, ca in ((a6.args[0], a6.args[1]), (a6.args[1], a6.args[0])):
+            cube = scaled(_through(ca, seen), 0.044715)
+            pw = _through(cube, seen) if cube is not None else None
+            if _through(xa, seen) is x and _call(pw, "pow") and pw.args[1] == 3 and _through(pw.args[0], seen) is x:
+                return x, seen | {h, one, t, m3, a6, _through(ca, seen), pw}
+    return None
+
+
+def _match_patterns(nodes, live, const_values):
+    """The compositions of ATen ops that one IR op computes exactly: {root node: (kind, args)}
+    and the nodes between (absorbed: computed by the root's op, lowered no further). Each is
+    taken only where nothing outside it reads the nodes in between.
+
+    - rms_norm: w * (x * rsqrt(mean(x ** 2, -1, keepdim=True) + eps)) (LlamaRMSNorm; its
+      float32 up-casts are conversions between float dtypes), or without w (a ones scale);
+    - gelu (exact 0): x * 0.5 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x ** 3))) (gelu_new);
+    - swiglu: silu(g) * u of equal shapes (the LLaMA MLP)."""
+    fused, absorbed = {}, set()
+
+    def absorbable(root, inner, outside):
+        """The nodes of `inner` (between `outside`, the pattern's operands, and `root`) that the
+        root's op absorbs, or None where something else reads one of them. A conversion of an
+        operand that something else reads too stays (it is lowered as usual, an alias)."""
+        inner = set(inner) - set(outside)
+        if any(m in absorbed or m in fused or m in const_values or m.op != "call_function" for m in inner):
+            return None
+        for m in list(inner):
+            if all(u is root or u in inner for u in m.users if u in live):
+                continue
+            chain, k = [], m
+            while k in inner and _through(k, set()) is not k:
+                chain.append(k)
+                k = k.args[0]
+            if k not in outside:
+                return None
+            inner -= set(chain)
+        return inner
+
+    def shape(n):
+        return tuple(n.meta["tensor_meta"].shape) if isinstance(n, torch.fx.Node) and "tensor_meta" in n.meta else None
+
+    for n in reversed(nodes):
+        if n not in live or n in const_values or n in absorbed or not _call(n, "mul") or len(n.args) != 2:
+            continue
+        found, inner = None, None
+        for inner_src, gamma in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
+            seen = set()
+            norm = _through(inner_src, seen) if isinstance(inner_src, torch.fx.Node) else None
+            core = _rms_core(norm) if norm is not None else None
+            if core and isinstance(gamma, torch.fx.Node) and shape(gamma) == shape(core[0])[-1:] \
+                    and shape(n) == shape(core[0]):
+                inner = absorbable(n, core[2] | seen | {norm}, [core[0], gamma])
+                if inner is not None:
+                    found = ("rms_norm", (core[0], gamma, core[1]))
+                    break
+        if found is None:
+            g = _gelu_tanh(n)
+            inner = absorbable(n, g[1], [g[0]]) if g else None
+            if inner is not None:
+                found = ("gelu_tanh", (g[0],))
+        if found is None:
+            for ss, up in ((n.args[0], n.args[1]), (n.args[1], n.args[0])):
+                seen = set()
+                sl = _through(ss, seen) if isinstance(ss, torch.fx.Node) else None
+                if _call(sl, "silu") and isinstance(up, torch.fx.Node) and shape(sl) == shape(up) == shape(n):
+                    inner = absorbable(n, seen | {sl}, [up])
+                    if inner is not None:
+                        found = ("swiglu", (sl.args[0], up))
+                        break
+        if found is None:
+            core = _rms_core(n)
+            inner = absorbable(n, core[2], [core[0]]) if core else None
+            if inner is not None:
+                found = ("rms_norm", (core[0], None, core[1]))
+        if found is not None:
+            fused[n] = found
+            absorbed |= inner - {n}
+    return fused, absorbed
+
+
 def _flops_table():
     return {t["name"]: (t["flops"], t["flops_per"]) for t in _concerto.op_types()}
 
@@ -580,33 +1109,43 @@ class Captured:
     """A captured training step: `program` (one graph, one rank: forward, loss, backward, Adam),
     and the names in it: `params` {torch parameter name: IR tensor}, `grads` and `updated`
     (the gradient and the Adam-updated value of each parameter), `inputs` (the IR names of the
-    example inputs, in order), `labels`, `loss`, and `constants` {IR tensor: torch tensor} (the
-    module's buffers and constants the step reads)."""
+    example inputs, in order), `labels`, `loss`, `constants` {IR tensor: torch tensor} (the
+    module's buffers and constants the step reads) and `param_rows` {IR tensor: (parameter name,
+    row)}: a parameter's row the step reads without differentiating it (an embedding's
+    padding_idx row), fed from the parameter's current value (`constants` holds it too, as a
+    view of the captured module's parameter)."""
 
-    def __init__(self, program, params, grads, updated, inputs, labels, loss, constants):
+    def __init__(self, program, params, grads, updated, inputs, labels, loss, constants, param_rows=None):
         self.program = program
         self.params, self.grads, self.updated = params, grads, updated
         self.inputs, self.labels, self.loss = inputs, labels, loss
         self.constants = constants
+        self.param_rows = dict(param_rows or {})
+        self._locals = {}  # name of a program partition() made -> the per-rank capture it runs
 
     def __repr__(self):
         return "<concerto.torch.Captured %r: %d ops, %d parameters>" % (
             self.program.name, self.program.num_ops, len(self.params))
 
-    def values(self, module, example_inputs, labels):
+    def values(self, module, example_inputs, labels, program=None):
         """Every input of the step as {IR name: flat float32 numpy array}: the module's
         parameters, its constants, the example inputs and the labels (what Captured.run feeds
         the runtime; concerto.execute takes the arrays' buffers without a copy to Python
-        floats)."""
+        floats). For a `program` that partition(plan=...) made, the constants are those of its
+        per-rank capture (a mask broadcast over the per-rank batch)."""
         def flat(t):
             return t.detach().float().contiguous().flatten().numpy()
 
+        local = self._locals.get(program.name) if program is not None else None
+        local = local or self
         out = {}
         named = dict(module.named_parameters())
         for tname, ir in self.params.items():
             out[ir] = flat(named[tname])
-        for ir, t in self.constants.items():
+        for ir, t in local.constants.items():
             out[ir] = flat(t)
+        for ir, (tname, row) in local.param_rows.items():
+            out[ir] = flat(named[tname][row:row + 1])
         for ir, t in zip(self.inputs, example_inputs):
             out[ir] = flat(t)
         out[self.labels] = flat(labels)
@@ -653,7 +1192,9 @@ class Captured:
                                x.shape[0] if x.dim() else "a scalar", dp))
         rows = ys.shape[0] // dp
         local = self._recapture(tuple(x[:rows] for x in xs), ys[:rows])
-        return _data_parallel(local, dp, zero, _numel(ys.shape), plan)
+        program = _data_parallel(local, dp, zero, _numel(ys.shape), plan)
+        self._locals[program.name] = local  # its constants are what run() feeds the program
+        return program
 
     def run(self, module, example_inputs, labels, program=None, scheduler="fifo", cluster="a800-4x8", options=None):
         """One step of `program` (default: the unsharded one) on the CPU runtime with the
@@ -674,7 +1215,7 @@ class Captured:
                 grads[p], updated[p] = adam[ir + ".adam"]
         fetch = list(grads.values()) + list(updated.values())
         r = _concerto.execute(program, scheduler=scheduler, cluster=cluster, options=options or {},
-                              inputs=self.values(module, example_inputs, labels), fetch=fetch,
+                              inputs=self.values(module, example_inputs, labels, program), fetch=fetch,
                               as_buffers=True)
 
         def tensor(ir, like):
@@ -689,7 +1230,9 @@ class Captured:
 
 def _data_parallel(local, dp, zero, label_count, plan):
     """The program of `local` (a capture at the per-rank batch) on `dp` ranks: inputs and labels
-    split on dim 0, each gradient synchronised before its Adam op (Captured.partition)."""
+    split on dim 0, each gradient synchronised before its Adam op (Captured.partition). The
+    constants are `local`'s, the same on every rank (they depend on shapes, never on the data:
+    a causal mask broadcast over the per-rank batch)."""
     d = local.program.to_dict()
     g = d["graphs"][0]
     d["name"] = "%s.%s" % (d["name"], plan.replace(" ", "").replace(",", "."))
@@ -812,7 +1355,7 @@ def _data_parallel(local, dp, zero, label_count, plan):
 
 
 def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=None, lr=1e-3,
-            betas=(0.9, 0.999), eps=1e-8, dtype=None, dropout="error", sync_bn=False):
+            betas=(0.9, 0.999), eps=1e-8, dtype=None, dropout="error", sync_bn=False, weight_decay=0.0):
     """Captures one training step of `module` (in train mode) on `example_inputs` (a tensor or a
     tuple of them) as a :class:`Captured`.
 
@@ -820,8 +1363,9 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     as torch.nn.functional.cross_entropy or an nn.CrossEntropyLoss with mean reduction): the
     mean over every position of the output's last dim as classes, as
     F.cross_entropy(out.flatten(0, -2), labels.flatten()). `labels` (integer, the output's shape
-    without its last dim) defaults to zeros. The optimizer step is Adam (`lr`, `betas`, `eps`, no
-    weight decay), as torch.optim.Adam's first step. `dtype` ("f32", "bf16", "f16") declares the
+    without its last dim) defaults to zeros. The optimizer step is Adam (`lr`, `betas`, `eps`), as
+    torch.optim.Adam's first step; with `weight_decay` > 0 AdamW's (decoupled: param -= lr wd
+    param), as torch.optim.AdamW's. `dtype` ("f32", "bf16", "f16") declares the
     float tensors of the program (the cost model prices them; the CPU runtime computes in fp32);
     default: the module's parameter dtype. Dropout with p > 0 is an error unless `dropout` is
     "identity": then it is priced as an elementwise pass and computes nothing (the step's values
@@ -850,13 +1394,21 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
         raise Error("capture: dtype '%s' (one of f32, bf16, f16)" % dtype)
 
     def step(p, b, *xs):
-        return stateless.functional_call(module, {**p, **b}, xs)
+        return _functional_call(module, {**p, **b}, xs)
 
+    # Each node's Python stack (for the error messages): make_fx's record_stack_traces where it
+    # has one (torch >= 2.5 or so; its tracer is made per call), else the tracer class's flag.
+    trace_kw = {}
+    try:
+        if "record_stack_traces" in inspect.signature(make_fx).parameters:
+            trace_kw["record_stack_traces"] = True
+    except (TypeError, ValueError):
+        pass
     saved = PythonKeyTracer.record_stack_traces if hasattr(PythonKeyTracer, "record_stack_traces") else False
     PythonKeyTracer.record_stack_traces = True
     try:
         with torch.no_grad():
-            gm = make_fx(step, tracing_mode="fake")(params, buffers, *example_inputs)
+            gm = make_fx(step, tracing_mode="fake", **trace_kw)(params, buffers, *example_inputs)
     finally:
         PythonKeyTracer.record_stack_traces = saved
     nodes = list(gm.graph.nodes)
@@ -907,6 +1459,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
             t = params[pname]
             low.values[n] = _Value(graph.tensor(pname, t.shape, dtype), t.shape, dtype)
             ir_params[pname] = low.values[n].name
+            low.param_names[low.values[n].name] = pname
             graph.layer_of[pname] = blocks.get(_block_of(pname), -1)
     try:
         arg_names = list(inspect.signature(module.forward).parameters)
@@ -915,31 +1468,33 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     ir_inputs = []
     for i, (n, x) in enumerate(zip(placeholders[len(pnames) + len(bnames):], example_inputs)):
         stem = arg_names[i] if i < len(arg_names) and arg_names[i] not in ("args", "kwargs") else "input%d" % i
-        xd = _DTYPES.get(x.dtype)
+        xd = _ir_dtype(x.dtype, dtype)
         if xd is None:
-            raise Error("capture: example input %d has dtype %s (supported: %s)" % (i, x.dtype, sorted(map(str, _DTYPES))))
-        xd = dtype if xd in ("f32", "f16", "bf16") else xd
+            raise Error("capture: example input %d has dtype %s (supported: %s)"
+                        % (i, x.dtype, sorted(map(str, set(_DTYPES) | set(_FLOATS)))))
         low.values[n] = _Value(graph.tensor(stem, x.shape, xd), x.shape, xd)
         ir_inputs.append(low.values[n].name)
-    constants = {}
     order = {n: i for i, n in enumerate(nodes)}
+    fused, absorbed = _match_patterns(nodes, live, const_values)
     for n in nodes:
         if n.op not in ("call_function", "get_attr", "placeholder") or n in low.values or n not in live:
             continue
-        feeds_data = any(u in live and u not in const_values for u in n.users)
+        if n in absorbed:  # computed by the fused op of a pattern (_match_patterns)
+            continue
+        readers = [u for u in n.users if u in live and u not in const_values and u not in absorbed]
         if n in const_values:
-            if not feeds_data:
+            if not readers:
                 continue
             value = const_values[n]
             if not isinstance(value, torch.Tensor):
                 continue
-            cd = _DTYPES.get(value.dtype)
-            if cd is None:
-                raise Error("capture: constant '%s' has dtype %s" % (n.name, value.dtype))
-            cd = dtype if cd in ("f32", "f16", "bf16") else cd
+            cd = _ir_dtype(value.dtype, dtype)
+            if cd is None:  # a boolean mask: only a handler that evaluates it here reads it (where)
+                low.raw_constants[n] = value
+                continue
             ir = graph.tensor("const." + n.name, value.shape, cd)
             low.values[n] = _Value(ir, value.shape, cd)
-            constants[ir] = value
+            low.constants[ir] = value
             continue
         if n.op != "call_function":
             continue
@@ -968,6 +1523,10 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
                     raise _Unsupported("in-place %s on '%s', which '%s' reads afterwards through another "
                                        "name (a view): not supported" % (packet, n.args[0].name, later[0].name))
             packet = _INPLACE.get(packet, packet)
+            if n in fused:
+                kind, args = fused[n]
+                low.values[n] = getattr(low, "fused_" + kind)(*args)
+                continue
             if packet in _ALIASES:
                 handler = low.h_alias
             elif packet in _VIEWS:
@@ -1004,6 +1563,17 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     # averages them) and the partitioner gives the gradient the global count.
     graph.op("loss", "cross_entropy", [m, z, tgt], [loss])
 
+    # A parameter's row read without a gradient is also listed with the constants, as a view of
+    # the parameter (what a consumer that feeds every constant reads: the parameter's value now);
+    # Captured.values feeds it from the module it is given.
+    for row, (pname, index) in low.param_rows.items():
+        low.constants[row] = params[pname].detach()[index:index + 1]
+    # Constants no op reads (broadcast here into others, or read only by fused patterns) are dropped.
+    read = {t for op in graph.ops for t in op["inputs"]}
+    for ir in [c for c in low.constants if c not in read]:
+        del low.constants[ir], graph.tensors[ir]
+        graph.order.remove(ir)
+
     doc = {"format": "concerto-ir", "version": 1, "name": name or type(module).__name__,
            "mesh": {"axes": []},
            "graphs": [{"name": "main", "streams": ["compute"],
@@ -1037,7 +1607,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
         g["ops"].append({"id": next_id, "name": ir + ".adam", "kind": "compute", "stream": "compute", "type": "adam",
                          "inputs": ins, "outputs": outs_,
                          "attrs": {"lr": lr, "beta1": betas[0], "beta2": betas[1], "eps": eps, "step": 1,
-                                   "weight_decay": 0},
+                                   "weight_decay": weight_decay},
                          "flops": 10.0 * n,
                          "bytes": int(sum(_numel(shape) * _ELEM_BYTES[by_name[t]["dtype"]]
                                           for t in ins + outs_)),
@@ -1049,9 +1619,9 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     problems = program.verify()
     if problems:
         raise Error("capture: the captured program does not verify: %s" % "; ".join(problems[:3]))
-    cap = Captured(program, ir_params, param_grads, updated, ir_inputs, lab, loss, constants)
+    cap = Captured(program, ir_params, param_grads, updated, ir_inputs, lab, loss, low.constants, low.param_rows)
     cap._recapture = lambda xs, ys: capture(module, xs, ys, loss_fn=loss_fn, name=name, lr=lr, betas=betas, eps=eps,
-                                            dtype=dtype, dropout=dropout, sync_bn=sync_bn)
+                                            dtype=dtype, dropout=dropout, sync_bn=sync_bn, weight_decay=weight_decay)
     cap._example = (example_inputs, labels)
     return cap
 

@@ -69,7 +69,7 @@ class Trainer:
             plan = "dp=%d" % world
         cap = ct.capture(module, tuple(example_inputs), labels, lr=lr, betas=betas, eps=eps,
                          weight_decay=weight_decay)
-        program, local = cap.partition_step(plan=plan, sharding=sharding)
+        program = cap.partition(plan=plan) if sharding is None else cap.partition(sharding=sharding)
         if program.num_ranks != world:
             raise Error("trainer: plan %r has %d ranks, the job %d (torchrun --nproc-per-node %d)"
                         % (plan or "sharding", program.num_ranks, world, program.num_ranks))
@@ -80,13 +80,14 @@ class Trainer:
         text, sched = _agree(job)
         self.program = _concerto.parse_program(text, "<%s schedule of %s>" % (scheduler, program.name))
         self.schedule = json.loads(sched)
-        self.capture, self.local = cap, local
-        values = {ir: p for name, p in module.named_parameters() if (ir := cap.params.get(name))}
-        values.update(local.constants)
+        self.capture = cap
+        # The module's parameters, the constants of the capture the program was made from, and
+        # the example batch: each rank keeps its part.
+        values = cap.values(module, tuple(example_inputs), labels, program=program)
         self.engine = Engine(self.program, self.schedule, device=device, dtype=dtype, values=values,
                              timeout_s=timeout_s)
-        self.input_names = list(local.inputs)
-        self.label_name = local.labels
+        self.input_names = list(cap.inputs)
+        self.label_name = cap.labels
 
     @property
     def steps_done(self):
