@@ -330,6 +330,7 @@ def _main(argv=None):
                   % (out["model"], out["plan"], out["scheduler"], world, device, losses[0] or 0, losses[-1] or 0,
                      a.steps, out["median_step_ms"]))
     if dist.is_initialized():
+        dist.barrier()  # rank 0 may still be checking: gloo aborts a process group torn down under it
         dist.destroy_process_group()
     return 0
 
@@ -345,7 +346,7 @@ def _check(module, batches, losses, trained, lr):
         loss = torch.nn.functional.cross_entropy(out.flatten(0, -2), y.flatten())
         loss.backward()
         opt.step()
-        ref_losses.append(float(loss))
+        ref_losses.append(float(loss.detach()))
     dl = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(losses, ref_losses))
     dp = 0.0
     for name, p in module.named_parameters():
