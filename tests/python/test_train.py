@@ -7,8 +7,9 @@ loss and the final parameters (gathered from the ranks' shards back into a modul
 module trained in one process by torch itself: forward, F.cross_entropy, backward,
 torch.optim.Adam (AdamW with weight decay), on the same batches from the same init. Models: a
 hand-written GPT block (TinyGpt of test_torch.py), a torchvision ViT, and a GPT-2 and a LLaMA
-defined by transformers (tiny configs, random init). Plans: dp=2, ZeRO-1/2/3 and Megatron's MLP
-split through the partitioner (a sharding file). One case stops after 10 steps, saves a sharded
+defined by transformers (tiny configs, random init). Plans: dp=2, ZeRO-1/2/3, and tensor
+parallelism through the partitioner (sharding files: Megatron's MLP split of the GPT block, and
+Megatron's attention and MLP layout of the LLaMA). One case stops after 10 steps, saves a sharded
 checkpoint, and a new trainer loads it and takes the other 10.
 
 Both sides compute in float64 from the same fp32 init and data (torch's module and inputs in
@@ -53,6 +54,16 @@ def tiny_gpt():
 TINY_GPT_TP = {"mesh": {"tp": 2}, "default": "replicated", "tensors": {
     "fc1.weight": [["tp"], []], "fc1.bias": [["tp"]], "fc2.weight": [[], ["tp"]]}}
 
+# Megatron's layout of the LLaMA blocks: q, k, v, gate and up by output rows (heads, columns of the
+# MLP), o and down by input columns (the partitioner derives the collectives; issue 40 is about
+# how many more than Megatron's it derives).
+LLAMA_TP = {"mesh": {"tp": 2}, "default": "replicated", "tensors": {
+    "lm.model.layers.*.self_attn.%s_proj.weight" % w: [["tp"], []] for w in "qkv"}}
+LLAMA_TP["tensors"].update({"lm.model.layers.*.self_attn.o_proj.weight": [[], ["tp"]],
+                            "lm.model.layers.*.mlp.gate_proj.weight": [["tp"], []],
+                            "lm.model.layers.*.mlp.up_proj.weight": [["tp"], []],
+                            "lm.model.layers.*.mlp.down_proj.weight": [[], ["tp"]]})
+
 # name -> (builder, batch maker(gen) -> (inputs, labels))
 MODELS = {
     "tiny-gpt": (tiny_gpt, lambda g: (torch.randint(0, 50, (4, 8), generator=g),
@@ -74,6 +85,7 @@ CASES = [
     ("hf-gpt2-tiny", "dp=2", "concerto", 0.0, False),
     ("hf-gpt2-tiny", "dp=2,zero=1", "fifo", 0.0, False),
     ("hf-llama-tiny", "dp=2,zero=3", "concerto", 0.0, False),
+    ("hf-llama-tiny", LLAMA_TP, "megatron", 0.0, False),
 ]
 
 
