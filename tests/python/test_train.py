@@ -152,7 +152,7 @@ def torch_training(model, wd):
         loss = torch.nn.functional.cross_entropy(out.flatten(0, -2), y.flatten())
         loss.backward()
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses, {n: p.detach() for n, p in module.named_parameters()}
 
 
