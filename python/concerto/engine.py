@@ -19,9 +19,10 @@ initialised) from the program and its schedule file (docs/ir.md; ``concerto.sche
 - on CUDA gives every IR stream its own ``torch.cuda.Stream``: a collective is issued on its
   stream (NCCL's stream waits for it) and the stream waits for the collective's end, so the order
   per stream holds on the device; cross-stream edges are CUDA events, and the host never blocks on
-  the device inside a step. On CPU (gloo) the collectives run on gloo's threads while the host
-  computes, and the host polls their completion (a blocking wait on one of them could deadlock
-  two ranks whose streams wait on each other's).
+  the device inside a step. On CPU (gloo) compute runs on the calling thread while each
+  communication stream's waiter thread waits for its collective (a blocking wait on the calling
+  thread could deadlock two ranks whose streams wait on each other's), as the C++ runtime runs a
+  thread per stream.
 
 A Python executor pays Python dispatch per op (measured in docs/results.md, "The torch engine");
 it was chosen over ATen kernels behind the C++ executor because the same code then runs on any
@@ -270,7 +271,8 @@ class Engine:
         """Issue loop on the host: a stream's head is issued when the stream is idle and the op's
         predecessors are done. Compute runs here; a collective or transfer is handed to its
         stream's waiter thread, which waits for its end while this thread goes on (gloo's
-        send/recv and reduce_scatter works never report is_completed, so nothing is polled).
+        send/recv and reduce_scatter works never report is_completed, so nothing is polled; its
+        reduce_scatter runs inside wait).
         Sends and recvs that become ready in one pass are issued as one batch_isend_irecv."""
         done = [False] * len(self.ops)
         busy = [None] * len(self.streams)  # per stream: the op index in flight
@@ -488,14 +490,7 @@ class Engine:
                 w = dist.all_reduce(buf, op=rop, group=pg, async_op=True)
             else:
                 w = dist.broadcast(buf, src=op.group[0], group=pg, async_op=True)
-
-            def finish():
-                off = 0
-                for name, t in zip(d["outputs"], outs):
-                    k = _numel(t["shape"])
-                    values[name] = buf[off:off + k].reshape(t["shape"])
-                    off += k
-            return [w], finish
+            return [w], lambda: _store_segments(values, d["outputs"], outs, buf)
         if kind == "all_gather":
             buf = torch.cat([x.reshape(-1) for x in ins]) if len(ins) > 1 else ins[0].reshape(-1).contiguous()
             out = torch.empty(n * buf.numel(), dtype=dtype, device=buf.device)
@@ -512,24 +507,9 @@ class Engine:
         if kind == "reduce_scatter":
             packed = torch.cat([_member_blocks(x, list(x.shape), t["shape"], n, op.label) for x, t in zip(ins, outs)],
                                dim=1)
-            if self.cuda:
-                out = torch.empty(packed.shape[1], dtype=dtype, device=packed.device)
-                w = dist.reduce_scatter_tensor(out, packed.reshape(-1).contiguous(), op=rop, group=pg, async_op=True)
-            else:
-                # gloo's reduce_scatter_tensor completes only inside wait() (torch 2.11: its work
-                # never reports is_completed), so on CPU the sum is an all_reduce of the packed
-                # buffer and each member keeps its block: the same values, twice the bytes.
-                full = packed.contiguous()
-                w = dist.all_reduce(full, op=rop, group=pg, async_op=True)
-                out = full[op.group.index(self.rank)]
-
-            def finish():
-                off = 0
-                for name, t in zip(d["outputs"], outs):
-                    k = _numel(t["shape"])
-                    values[name] = out[off:off + k].reshape(t["shape"])
-                    off += k
-            return [w], finish
+            out = torch.empty(packed.shape[1], dtype=dtype, device=packed.device)
+            w = dist.reduce_scatter_tensor(out, packed.reshape(-1).contiguous(), op=rop, group=pg, async_op=True)
+            return [w], lambda: _store_segments(values, d["outputs"], outs, out)
         if kind == "all_to_all":
             packed = torch.cat([x.reshape(n, -1) for x in ins], dim=1).contiguous()
             out = torch.empty_like(packed)
@@ -557,14 +537,8 @@ class Engine:
         if len(dtypes) != 1:
             raise Error("engine: %s: a recv of tensors of different dtypes" % op.label)
         buf = torch.empty(sum(_numel(t["shape"]) for t in outs), dtype=dtypes.pop(), device=self.device)
-
-        def finish():
-            off = 0
-            for name, t in zip(d["outputs"], outs):
-                k = _numel(t["shape"])
-                values[name] = buf[off:off + k].reshape(t["shape"])
-                off += k
-        return dist.P2POp(dist.irecv, buf, op.peer, group=self.p2p, tag=tag), finish
+        return (dist.P2POp(dist.irecv, buf, op.peer, group=self.p2p, tag=tag),
+                lambda: _store_segments(values, d["outputs"], outs, buf))
 
     # ---- state -----------------------------------------------------------------------------------
 
@@ -628,6 +602,16 @@ def _numel(shape):
     for s in shape:
         n *= int(s)
     return n
+
+
+def _store_segments(values, names, metas, flat):
+    """values[names[i]] = the i-th consecutive segment of `flat`, in the shape of metas[i] (what
+    a fused collective or a message of several tensors received)."""
+    off = 0
+    for name, t in zip(names, metas):
+        k = _numel(t["shape"])
+        values[name] = flat[off:off + k].reshape(t["shape"])
+        off += k
 
 
 def _split_dim(in_shape, out_shape, label):
