@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -145,6 +146,28 @@ std::vector<SegmentedLayout> LayoutsOf(const std::string& model) {
   return Take(JobRunOptions(model)).init.layouts;
 }
 
+/// Throws an Error naming the first key of `values` that is the init key (InitKey) of no graph
+/// input of `p`: a misspelt input would otherwise be ignored and the input generated instead.
+void CheckInputKeys(const Program& p, const std::map<std::string, std::vector<float>>& values, const std::string& who) {
+  std::set<std::string> keys;
+  for (const Graph& g : p.graphs) {
+    const GraphIndex index = GraphIndex::Build(g);
+    for (size_t i = 0; i < g.tensors.size(); ++i)
+      if (index.producer[i] < 0) keys.insert(InitKey(g.tensors[i].name));
+  }
+  for (const auto& [key, v] : values) {
+    if (keys.count(key)) continue;
+    std::string some;
+    int n = 0;
+    for (const std::string& k : keys) {
+      if (n++ == 6) break;
+      some += (some.empty() ? "" : ", ") + k;
+    }
+    throw Error(who + ": inputs['" + key + "']: program '" + p.name + "' has no graph input of that name (its inputs: " +
+                some + (keys.size() > 6 ? ", ..." : "") + ")");
+  }
+}
+
 py::bytes Bytes(const void* data, size_t n) { return py::bytes(static_cast<const char*>(data), n); }
 
 }  // namespace
@@ -259,6 +282,7 @@ PYBIND11_MODULE(_concerto, m) {
     const JobSpec spec = Spec(program, cluster, scheduler, options, "");
     std::map<std::string, std::vector<float>> inputs;
     for (const auto& [key, value] : input_values) inputs[py::cast<std::string>(key)] = FloatValues(key, value);
+    CheckInputKeys(program, inputs, "execute");
     py::dict out;
     double loss = 0;
     bool has_loss = false;
@@ -370,6 +394,7 @@ PYBIND11_MODULE(_concerto, m) {
     init.seed = seed;
     init.layouts = LayoutsOf(model);
     for (const auto& [key, value] : input_values) init.values[py::cast<std::string>(key)] = FloatValues(key, value);
+    CheckInputKeys(program, init.values, "rank_inputs");
     const GraphIndex index = GraphIndex::Build(*rg.graph);
     py::dict out;
     std::vector<float> buf;

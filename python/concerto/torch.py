@@ -1354,6 +1354,36 @@ def _data_parallel(local, dp, zero, label_count, plan):
     return program
 
 
+def _check_optimizer(lr, betas, eps, weight_decay):
+    """Adam's hyperparameters as torch.optim.Adam accepts them, else a concerto.Error naming the
+    argument."""
+    def bad(what, value, want):
+        raise Error("capture: %s %r: %s" % (what, value, want))
+    for what, v in (("lr", lr), ("eps", eps), ("weight_decay", weight_decay)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+            bad(what, v, "must be a finite number")
+    if lr <= 0:
+        bad("lr", lr, "must be > 0")
+    if eps <= 0:
+        bad("eps", eps, "must be > 0")
+    if weight_decay < 0:
+        bad("weight_decay", weight_decay, "must be >= 0")
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2 and
+            all(isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1 for b in betas)):
+        bad("betas", betas, "must be two numbers in [0, 1)")
+
+
+def check_labels(labels, classes, who):
+    """Raises concerto.Error when an integer label lies outside [0, classes) (torch's
+    cross_entropy raises there; the IR's loss would silently give the label's logit 0)."""
+    if labels.numel() == 0:
+        return
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0 or hi >= classes:
+        raise Error("%s: labels: %d is outside [0, %d) (the output's last dim, the classes)"
+                    % (who, lo if lo < 0 else hi, classes))
+
+
 def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=None, lr=1e-3,
             betas=(0.9, 0.999), eps=1e-8, dtype=None, dropout="error", sync_bn=False, weight_decay=0.0):
     """Captures one training step of `module` (in train mode) on `example_inputs` (a tensor or a
@@ -1378,6 +1408,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     the node, its ATen target and its source line when something cannot be mapped."""
     if dropout not in ("error", "identity"):
         raise Error("capture: dropout '%s' (one of 'error', 'identity')" % dropout)
+    _check_optimizer(lr, betas, eps, weight_decay)
     if isinstance(example_inputs, torch.Tensor):
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
@@ -1541,6 +1572,9 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
             raise Error("capture: node '%s' (%s)%s: %s" % (n.name, n.target, " at " + where if where else "", e)) from None
 
     # The loss: mean cross entropy of the output (logits [..., V]) against the labels.
+    if outs[0] not in low.values:
+        raise Error("capture: the module's output depends on none of its parameters and inputs (only on buffers "
+                    "and constants): there is nothing to train")
     logits = low.values[outs[0]]
     low.node = out_node
     lname = low.materialize(logits)
@@ -1550,6 +1584,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     if tuple(labels.shape) != lshape[:-1] or labels.dtype not in (torch.int64, torch.int32):
         raise Error("capture: labels %s %s: expected an integer tensor of shape %s (the output's without its last dim)"
                     % (labels.dtype, list(labels.shape), list(lshape[:-1])))
+    check_labels(labels, lshape[-1], "capture")
     lab = graph.tensor("labels", lshape[:-1], _DTYPES[labels.dtype])
     rows = lshape[:-1]
     m = graph.tensor("loss.max", rows, "f32")
@@ -1623,6 +1658,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     cap._recapture = lambda xs, ys: capture(module, xs, ys, loss_fn=loss_fn, name=name, lr=lr, betas=betas, eps=eps,
                                             dtype=dtype, dropout=dropout, sync_bn=sync_bn, weight_decay=weight_decay)
     cap._example = (example_inputs, labels)
+    cap.classes = lshape[-1]  # the output's last dim: labels lie in [0, classes)
     return cap
 
 
@@ -1662,6 +1698,8 @@ def _main(argv=None):
 
     if ":" not in args.factory:
         return fail("'%s' is not MODULE:CALLABLE" % args.factory)
+    if args.vocab < 1:
+        return fail("--vocab %d: must be >= 1" % args.vocab)
     mod_name, attr = args.factory.split(":", 1)
     try:
         factory = getattr(importlib.import_module(mod_name), attr)
@@ -1671,6 +1709,8 @@ def _main(argv=None):
         kwargs = json.loads(args.kwargs)
     except ValueError as e:
         return fail("--kwargs: not JSON: %s" % e)
+    if not isinstance(kwargs, dict):
+        return fail("--kwargs: a JSON object of keyword arguments is needed, got %s" % type(kwargs).__name__)
     inputs = []
     for text in args.input:
         try:
@@ -1682,7 +1722,12 @@ def _main(argv=None):
         inputs.append(torch.randint(0, args.vocab, shape) if args.input_dtype == "long" else torch.randn(shape))
     try:
         t0 = time.time()
-        module = factory(**kwargs)
+        try:
+            module = factory(**kwargs)
+        except Exception as e:  # the user's code: its failure in one line, not a traceback
+            return fail("%s(**%s) raised %s: %s" % (args.factory, args.kwargs, type(e).__name__, e))
+        if not isinstance(module, torch.nn.Module):
+            return fail("%s returned %s, not a torch.nn.Module" % (args.factory, type(module).__name__))
         module.train()
         print("capturing %s ..." % args.factory, file=sys.stderr)
         cap = capture(module, tuple(inputs), dtype=args.dtype, dropout=args.dropout, name=attr)
@@ -1696,7 +1741,10 @@ def _main(argv=None):
     except Error as e:
         return fail(str(e))
     if args.write_program:
-        program.write(args.write_program)
+        try:
+            program.write(args.write_program)
+        except Error as e:
+            return fail(str(e))
     if args.json:
         print(json.dumps({"model": args.factory, "plan": args.plan, "cluster": args.cluster, "ops": program.num_ops,
                           "ranks": program.num_ranks, "capture_s": t1 - t0, "partition_s": t2 - t1,

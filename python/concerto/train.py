@@ -101,6 +101,8 @@ class Trainer:
         if len(inputs) != len(self.input_names):
             raise Error("trainer: step got %d inputs, the module was captured with %d"
                         % (len(inputs), len(self.input_names)))
+        from .torch import check_labels
+        check_labels(labels, self.capture.classes, "trainer")
         data = dict(zip(self.input_names, inputs))
         data[self.label_name] = labels
         r = self.engine.step(data)

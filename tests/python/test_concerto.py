@@ -158,6 +158,10 @@ class ExecuteTest(unittest.TestCase):
             concerto.execute(p, inputs={"L0.mlp.fc1.w": [1.0, 2.0, 3.0]})
         with self.assertRaisesRegex(concerto.Error, r"no rank of program .* has a tensor named 'nope'"):
             concerto.execute(p, fetch=["nope"])
+        # a misspelt input was ignored (and the input generated instead)
+        with self.assertRaisesRegex(concerto.Error, r"execute: inputs\['tokenz'\]: program '\S+' has no graph input "
+                                                    r"of that name \(its inputs: "):
+            concerto.execute(p, inputs={"tokenz": [1.0]})
 
 
 if __name__ == "__main__":

@@ -329,6 +329,35 @@ class ErrorsTest(unittest.TestCase):
             ct.capture(TinyGpt(), torch.randint(0, 50, (2, 8)), loss_fn=torch.nn.functional.mse_loss)
 
 
+    def test_bad_hyperparameters_labels_and_outputs(self):
+        ids = torch.randint(0, 50, (2, 8))
+        for kw, want in (({"lr": float("nan")}, r"capture: lr nan: must be a finite number"),
+                         ({"lr": 0}, r"capture: lr 0: must be > 0"),
+                         ({"eps": -1}, r"capture: eps -1: must be > 0"),
+                         ({"weight_decay": -0.1}, r"capture: weight_decay -0.1: must be >= 0"),
+                         ({"betas": (0.9, 1.0)}, r"capture: betas \(0.9, 1.0\): must be two numbers in \[0, 1\)")):
+            with self.subTest(kw=kw):
+                with self.assertRaisesRegex(concerto.Error, want):
+                    ct.capture(TinyGpt(), ids, **kw)
+        # torch's cross_entropy raises on a label outside the classes; so does the capture
+        with self.assertRaisesRegex(concerto.Error, r"capture: labels: 50 is outside \[0, 50\)"):
+            ct.capture(TinyGpt(), ids, torch.full((2, 8), 50, dtype=torch.int64))
+        with self.assertRaisesRegex(concerto.Error, r"capture: labels: -1 is outside \[0, 50\)"):
+            ct.capture(TinyGpt(), ids, torch.full((2, 8), -1, dtype=torch.int64))
+
+        class BuffersOnly(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = torch.nn.Linear(4, 3)
+                self.register_buffer("table", torch.randn(2, 3))
+
+            def forward(self, x):
+                return self.table * 2
+
+        with self.assertRaisesRegex(concerto.Error, r"output depends on none of its parameters and inputs"):
+            ct.capture(BuffersOnly(), torch.randn(2, 4))
+
+
 class CommandTest(unittest.TestCase):
     """python3 -m concerto.torch: capture, plan and compare from the command line."""
 
@@ -359,6 +388,19 @@ class CommandTest(unittest.TestCase):
         r = self.run_cli("torchvision.models:resnet18", "--input", "3x3x32x32", "--plan", "dp=2")
         self.assertEqual(r.returncode, 2)
         self.assertIn("not divisible by dp=2", r.stderr)
+        # the user's factory failing, a bad --kwargs or --vocab: one line, exit 2, no traceback
+        for args, want in ((("torchvision.models:resnet18", "--kwargs", '{"no_such_arg": 1}', "--input", "2x3x32x32"),
+                            "torchvision.models:resnet18(**{\"no_such_arg\": 1}) raised TypeError"),
+                           (("torchvision.models:resnet18", "--kwargs", "[1]", "--input", "2x3x32x32"),
+                            "--kwargs: a JSON object of keyword arguments is needed, got list"),
+                           (("torchvision.models:resnet18", "--input", "2x8", "--input-dtype", "long", "--vocab", "0"),
+                            "--vocab 0: must be >= 1"),
+                           (("builtins:dict", "--input", "2x3"), "builtins:dict returned dict, not a torch.nn.Module")):
+            with self.subTest(args=args):
+                r = self.run_cli(*args)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn(want, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
 
 
 def forward_gemm_flops(program):

@@ -185,5 +185,25 @@ class TrainerTrainsLikeTorch(unittest.TestCase):
                                          "%s: parameter %s after %d steps off by %g" % (what, name, STEPS, err))
 
 
+
+
+class TrainerRefuses(unittest.TestCase):
+    def test_labels_outside_the_classes_and_wrong_inputs(self):
+        import concerto
+        x, y = _batches("tiny-gpt")[0]
+        t = Trainer(_module("tiny-gpt"), (x,), y, plan="dp=1", scheduler="fifo")  # one process, no torchrun
+        self.assertGreater(t.step((x,), y), 0)
+        with self.assertRaisesRegex(concerto.Error, r"trainer: labels: 50 is outside \[0, 50\)"):
+            t.step((x,), torch.full_like(y, 50))
+        with self.assertRaisesRegex(concerto.Error, r"trainer: step got 2 inputs, the module was captured with 1"):
+            t.step((x, x), y)
+        with self.assertRaisesRegex(concerto.Error, r"input 'ids' has shape \[2, 8\]; the program's global shape is "
+                                                    r"\[4, 8\]"):
+            t.step((x[:2],), y)
+        with self.assertRaisesRegex(concerto.Error, r"plan 'dp=2' has 2 ranks, the job 1"):
+            Trainer(_module("tiny-gpt"), (x,), y, plan="dp=2")
+        t.engine.close()
+
+
 if __name__ == "__main__":
     unittest.main()
