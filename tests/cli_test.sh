@@ -31,6 +31,19 @@ check option_out_of_range 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.jso
 contains option_message "$TMP/err" "option --interference: 99 fraction is out of range [-1, 10]"
 check option_negative_sentinel 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference -0.5
 contains option_negative_message "$TMP/err" "option --interference: -0.5 is negative; give -1 for the cluster's value"
+# Numbers as people write them: no hexadecimal, NaN or sizes under a byte (issue 44).
+check memory_budget_under_a_byte 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --memory-budget 0.5
+contains memory_budget_under_a_byte_says "$TMP/err" "0.5 bytes is less than one byte"
+check memory_budget_hex 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --memory-budget 0x10
+contains memory_budget_hex_says "$TMP/err" "'0x10' is not a size"
+check option_hex 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference 0x1
+contains option_hex_says "$TMP/err" "'0x1' is not a number"
+check run_timeout_nan 2 "$BIN" run "$ROOT/tests/golden/overlap_fifo.json" --timeout nan --dry-run
+contains run_timeout_nan_says "$TMP/err" "'nan' is not a number in [0.001, 1000000]"
+check run_timeout_huge 2 "$BIN" run "$ROOT/tests/golden/overlap_fifo.json" --timeout 1e308 --dry-run
+sed 's/^devices_per_node: 8/devices_per_node: 4096/' "$ROOT/examples/clusters/a800-4x8.yaml" > "$TMP/wide.yaml"
+check nodes_over_the_device_limit 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --cluster "$TMP/wide.yaml" --nodes 1048576
+contains nodes_over_the_device_limit_says "$TMP/err" "--nodes 1048576: 1048576 nodes x 4096 devices per node"
 check option_sentinel_ok 0 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference -1 --share-links 0
 check share_links_not_a_switch 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --share-links 0.5
 # An input that makes the simulated time overflow is a bad input (exit 1), not "iteration inf ms".

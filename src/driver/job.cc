@@ -26,6 +26,11 @@ Result<ClusterSpec> LoadClusterNodes(const std::string& cluster, int nodes) {
   if (nodes < 0 || nodes > (1 << 20))
     return Status::Error(fmt::format("nodes: expected 1..{} (0 keeps cluster '{}''s {}), got {}", 1 << 20,
                                      spec->name, spec->nodes, nodes));
+  if (nodes > 0 && static_cast<int64_t>(nodes) * spec->devices_per_node > (1 << 24))  // the reader's limit
+    return Status::Error(fmt::format("--nodes {}: {} nodes x {} devices per node of cluster '{}' is {} devices, more "
+                                     "than the {} a cluster may have",
+                                     nodes, nodes, spec->devices_per_node, spec->name,
+                                     static_cast<int64_t>(nodes) * spec->devices_per_node, 1 << 24));
   if (nodes > 0 && nodes != spec->nodes) {
     spec->nodes = nodes;
     spec->name += fmt::format(" x{}", nodes);

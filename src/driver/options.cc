@@ -56,7 +56,7 @@ Result<double> ParseOptionValue(const OptionSpec& spec, const std::string& text)
     const char* begin = text.c_str();
     char* end = nullptr;
     v = std::strtod(begin, &end);
-    if (end == begin || *end != '\0') {
+    if (end == begin || *end != '\0' || !IsDecimalNumber(begin, end)) {
       std::string words;
       for (const auto& w : spec.words) words += (words.empty() ? "" : ", ") + w.first;
       return Status::Error("option --" + spec.name + ": '" + text + "' is not a number" +

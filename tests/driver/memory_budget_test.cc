@@ -47,6 +47,24 @@ TEST(MemoryBudget, SizesTakeUnits) {
   EXPECT_FALSE(ParseOptionValue(Spec("rounds"), "four").ok());
 }
 
+TEST(MemoryBudget, NumbersAsPeopleWriteThem) {
+  // strtod reads "0x10" as 16, "inf" and "nan": none is a size or an option value.
+  for (const char* text : {"0x10", "0X1p4", "inf", "nan", "1e400"}) {
+    EXPECT_FALSE(ParseByteSize(text).ok()) << text;
+    EXPECT_FALSE(ParseOptionValue(Spec("memory-budget"), text).ok()) << text;
+    EXPECT_FALSE(ParseOptionValue(Spec("rounds"), text).ok()) << text;
+  }
+  // A budget under one byte once meant "no limit" (0 is 'none'); it is an error now.
+  Result<double> tiny = ParseOptionValue(Spec("memory-budget"), "0.5");
+  ASSERT_FALSE(tiny.ok());
+  EXPECT_NE(tiny.status().message().find("0.5 bytes is less than one byte"), std::string::npos)
+      << tiny.status().message();
+  Options o;
+  EXPECT_FALSE(o.Set("memory-budget", 0.25).ok());
+  EXPECT_TRUE(o.Set("memory-budget", 1).ok());
+  EXPECT_EQ(ParseOptionValue(Spec("rounds"), "1e1").value(), 10);
+}
+
 TEST(MemoryBudget, TheDeviceIsTheDefault) {
   // a800-4x8: 80 GB devices, 4 GB reserved: 76e9 bytes (70.78 GiB) per rank.
   ClusterSpec a800 = LoadCluster("a800-4x8").value();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <cstdio>
@@ -51,6 +52,20 @@ struct CommonFlags {
   JobSpec job;
   bool json = false;
 };
+
+/// A number in [lo, hi], finite: CLI11's Range and PositiveNumber let NaN through (every comparison
+/// with it is false), and 1e308 seconds overflows the clocks it is added to.
+CLI::Validator FiniteRange(double lo, double hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0' || !std::isfinite(v) || v < lo || v > hi)
+          return fmt::format("'{}' is not a number in [{}, {}]", text, lo, hi);
+        return "";
+      },
+      fmt::format("NUMBER in [{}, {}]", lo, hi));
+}
 
 void AddCommonFlags(CLI::App* cmd, CommonFlags& flags) {
   cmd->add_option("--cluster", flags.job.cluster,
@@ -1167,7 +1182,9 @@ int RealMain(int argc, char** argv) {
   run->add_flag("--check", rf.check, "compare losses, gradients and parameters with the unsharded model (needs --model)");
   run->add_option("--iterations", rf.iterations, "measured iterations (median reported)")->capture_default_str()->check(CLI::Range(1, 1000000));
   run->add_option("--warmup", rf.warmup, "iterations run before measuring")->capture_default_str()->check(CLI::Range(0, 1000000));
-  run->add_option("--timeout", rf.timeout_s, "seconds a collective waits for its peers before failing [s]")->capture_default_str()->check(CLI::PositiveNumber);
+  run->add_option("--timeout", rf.timeout_s, "seconds a collective waits for its peers before failing [s]")
+      ->capture_default_str()
+      ->check(FiniteRange(1e-3, 1e6));
   run->add_option("--write-schedule", rf.write_schedule, "write the schedule that runs (JSON) here");
   run->add_option("--write-program", rf.write_program, "write the program that runs (the scheduled IR) here");
   auto* fail_op = run->add_option("--fail-op", rf.fail_op, "fault injection: this op fails on --fail-rank");

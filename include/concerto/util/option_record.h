@@ -67,6 +67,9 @@ struct OptionRecord {
     if (min_value == -1 && value < 0 && value != -1)
       return Status::Error(
           fmt::format("option --{}: {} is negative; give -1 for the cluster's value or a value >= 0", name, value));
+    if (unit == "bytes" && value > 0 && value < 1)
+      return Status::Error(fmt::format("option --{}: {} bytes is less than one byte (a size is at least 1 byte)",
+                                       name, value));
     if (unit == "0/1" && value != 0 && value != 1 && !(min_value == -1 && value == -1))
       return Status::Error(fmt::format("option --{}: {} is not 0 or 1", name, value));
     return Status::Ok();
