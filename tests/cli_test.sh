@@ -44,6 +44,10 @@ check run_timeout_huge 2 "$BIN" run "$ROOT/tests/golden/overlap_fifo.json" --tim
 sed 's/^devices_per_node: 8/devices_per_node: 4096/' "$ROOT/examples/clusters/a800-4x8.yaml" > "$TMP/wide.yaml"
 check nodes_over_the_device_limit 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --cluster "$TMP/wide.yaml" --nodes 1048576
 contains nodes_over_the_device_limit_says "$TMP/err" "--nodes 1048576: 1048576 nodes x 4096 devices per node"
+# Every number of a cluster file is bounded where it is read (a latency of 1e308 us aborted in the cost model).
+sed 's/^\(\s*latency_us:\).*/\1 1e308/' "$ROOT/examples/clusters/a800-4x8.yaml" > "$TMP/slow.yaml"
+check cluster_number_too_large 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --cluster "$TMP/slow.yaml"
+contains cluster_number_too_large_says "$TMP/err" "latency_us': must be at most 1e15, got 1e+308"
 check option_sentinel_ok 0 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --interference -1 --share-links 0
 check share_links_not_a_switch 2 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --share-links 0.5
 # An input that makes the simulated time overflow is a bad input (exit 1), not "iteration inf ms".

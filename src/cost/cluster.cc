@@ -502,15 +502,19 @@ Status ValidateCluster(const ClusterSpec& spec, const std::string& source) {
   auto error = [&](const std::string& field, const std::string& what) {
     return Status::Error(source + ": field '" + field + "': " + what);
   };
+  // Every number is bounded here, where it is read, so that no sum or product the cost model
+  // forms from an accepted file can overflow (a latency of 1e308 us reached an assertion in
+  // AnalyticCostModel::Price): 1e15 is far above any real time (us), rate (GB/s, TFLOP/s) or
+  // size (bytes) a cluster states.
+  constexpr double kMaxValue = 1e15;
   auto positive = [&](const std::string& field, double v) {
-    return std::isfinite(v) && v > 0
-               ? Status::Ok()
-               : error(field, "must be a positive finite number, got " + FormatNumber(v));
+    if (!(std::isfinite(v) && v > 0)) return error(field, "must be a positive finite number, got " + FormatNumber(v));
+    return v <= kMaxValue ? Status::Ok() : error(field, "must be at most 1e15, got " + FormatNumber(v));
   };
   auto non_negative = [&](const std::string& field, double v) {
-    return std::isfinite(v) && v >= 0
-               ? Status::Ok()
-               : error(field, "must be a non-negative finite number, got " + FormatNumber(v));
+    if (!(std::isfinite(v) && v >= 0))
+      return error(field, "must be a non-negative finite number, got " + FormatNumber(v));
+    return v <= kMaxValue ? Status::Ok() : error(field, "must be at most 1e15, got " + FormatNumber(v));
   };
   auto fraction = [&](const std::string& field, double v) {
     return std::isfinite(v) && v > 0 && v <= 1
