@@ -30,6 +30,7 @@ torch 2.x and device without a compiled extension per torch version.
 """
 
 import json
+import math
 import queue
 import threading
 import time
@@ -163,6 +164,7 @@ class Engine:
         if self.cuda:
             self.cuda_streams = {name: torch.cuda.Stream(device=self.device) for name in self.stream_names}
         self.model = model
+        self._index_cache = {}
         self.steps_done = 0
         self._waiters, self._completed = {}, queue.SimpleQueue()
         self.state = {}
@@ -226,13 +228,15 @@ class Engine:
         if list(value.shape) != list(gshape):
             raise Error("engine: input '%s' has shape %s; the program's global shape is %s"
                         % (name, list(value.shape), gshape))
-        cache = self.__dict__.setdefault("_index_cache", {})
-        if name not in cache:
-            idx = numpy.frombuffer(_concerto.global_indices(self.program, self.rank, name, self.model), dtype=numpy.int64)
-            cache[name] = torch.from_numpy(idx.copy())
-        idx = cache[name]
-        local = value.reshape(-1)[idx.to(value.device)].reshape(t["shape"])
+        local = value.reshape(-1)[self._global_indices(name).to(value.device)].reshape(t["shape"])
         return local.to(self.device, self._dtype(t))
+
+    def _global_indices(self, name):
+        """Per local element of `name` (row-major), its index in the global tensor (cached)."""
+        if name not in self._index_cache:
+            b = _concerto.global_indices(self.program, self.rank, name, self.model)
+            self._index_cache[name] = torch.from_numpy(numpy.frombuffer(b, dtype=numpy.int64).copy())
+        return self._index_cache[name]
 
     # ---- a step --------------------------------------------------------------------------------
 
@@ -536,7 +540,7 @@ class Engine:
         dtypes = {self._dtype(t) for t in outs}
         if len(dtypes) != 1:
             raise Error("engine: %s: a recv of tensors of different dtypes" % op.label)
-        buf = torch.empty(sum(_numel(t["shape"]) for t in outs), dtype=dtypes.pop(), device=self.device)
+        buf = torch.empty(sum(math.prod(t["shape"]) for t in outs), dtype=dtypes.pop(), device=self.device)
         return (dist.P2POp(dist.irecv, buf, op.peer, group=self.p2p, tag=tag),
                 lambda: _store_segments(values, d["outputs"], outs, buf))
 
@@ -573,8 +577,7 @@ class Engine:
             local = key if key in self.state else (key + ".shard" if key + ".shard" in self.state else None)
             if local is None:
                 continue
-            idx = numpy.frombuffer(_concerto.global_indices(self.program, self.rank, local, self.model), dtype=numpy.int64)
-            mine[key] = (self.layout["global_shapes"][local], idx.copy(),
+            mine[key] = (self.layout["global_shapes"][local], self._global_indices(local).numpy(),
                          self.state[local].detach().double().cpu().reshape(-1).numpy())
         parts = [mine]
         if dist.is_initialized() and self.world > 1:
@@ -588,7 +591,7 @@ class Engine:
                     continue
                 shape, idx, vals = part[key]
                 if full is None:
-                    full = numpy.zeros(_numel(shape), dtype=numpy.float64)
+                    full = numpy.zeros(math.prod(shape), dtype=numpy.float64)
                     gshape = shape
                 full[idx] = vals
             if full is None:
@@ -597,19 +600,12 @@ class Engine:
         return out
 
 
-def _numel(shape):
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
-
-
 def _store_segments(values, names, metas, flat):
     """values[names[i]] = the i-th consecutive segment of `flat`, in the shape of metas[i] (what
     a fused collective or a message of several tensors received)."""
     off = 0
     for name, t in zip(names, metas):
-        k = _numel(t["shape"])
+        k = math.prod(t["shape"])
         values[name] = flat[off:off + k].reshape(t["shape"])
         off += k
 
