@@ -387,6 +387,18 @@ PYBIND11_MODULE(_concerto, m) {
         "member ranks, ascending}, 'peers' {send/recv op id: peer rank}, 'offsets' {tensor: first global index "
         "per dim (ShardOffset)}, 'global_shapes' {tensor: global shape}}");
 
+  m.def("collective_groups", [](const Program& program) {
+    std::set<std::vector<int>> groups;
+    for (const Role& role : program.roles)
+      for (const Op& op : program.GraphOf(role).ops)
+        if (op.kind == OpKind::kCollective)
+          for (int rank : role.ranks)
+            if (std::vector<int> g = GroupRanks(program.mesh, op.group, rank); g.size() > 1) groups.insert(g);
+    return std::vector<std::vector<int>>(groups.begin(), groups.end());
+  }, py::arg("program"),
+        "every distinct member set (ascending ranks, more than one) of a collective on any rank, sorted: the "
+        "communicators a torch.distributed job makes process groups for, in the same order on every rank");
+
   m.def("rank_inputs", [](const Program& program, int rank, uint64_t seed, const std::string& model,
                           const py::dict& input_values) {
     const RankGraph rg = GraphOfRank(program, rank);

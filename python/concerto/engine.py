@@ -151,7 +151,7 @@ class Engine:
         self.inputs = [n for n in self.tensors if n not in producer]
         self.carry = {n + ".next": n for n in self.inputs if n + ".next" in producer}
         self.losses = [op.d["outputs"][0] for op in self.ops if op.d.get("type") == "cross_entropy"]
-        self._groups(doc)
+        self._groups()
         for op in self.ops:
             if op.kind == "compute":
                 ins = [self.tensors[t] for t in op.d["inputs"]]
@@ -177,7 +177,7 @@ class Engine:
             return torch.int64
         return self.float_dtype or TORCH_DTYPES[t["dtype"]]
 
-    def _groups(self, doc):
+    def _groups(self):
         """One process group per member set of a collective, made on every rank in one order
         (new_group is collective over the whole world), and one for send/recv."""
         self.pgs, self.p2p = {}, None
@@ -186,16 +186,10 @@ class Engine:
                 if op.kind == "collective":
                     op.group = self.layout["groups"][op.d["id"]]
             return
-        member_sets = set()
-        for role in doc["roles"] if doc.get("roles") else [{"graph": doc["graphs"][0]["name"],
-                                                           "ranks": list(range(self.world))}]:
-            for r in role["ranks"]:
-                lay = self.layout if r == self.rank else _concerto.rank_layout(self.program, r)
-                member_sets.update(tuple(g) for g in lay["groups"].values() if len(g) > 1)
-        for members in sorted(member_sets):
-            pg = dist.new_group(list(members))
+        for members in _concerto.collective_groups(self.program):
+            pg = dist.new_group(members)
             if self.rank in members:
-                self.pgs[members] = pg
+                self.pgs[tuple(members)] = pg
         self.p2p = dist.new_group(list(range(self.world))) if any(o.kind in ("send", "recv") for o in self.ops) else None
         for op in self.ops:
             if op.kind == "collective":
