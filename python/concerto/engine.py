@@ -73,13 +73,14 @@ class _Op:
     """An op of this rank's graph, resolved once: its kind, stream, predecessors (op indices),
     and what issuing it needs (kernel context, process group, peer)."""
 
-    __slots__ = ("index", "d", "kind", "stream", "preds", "ctx", "group", "pg", "peer", "label")
+    __slots__ = ("index", "d", "kind", "stream", "preds", "ctx", "group", "pg", "peer", "label", "view")
 
     def __init__(self, index, d):
         self.index, self.d = index, d
         self.kind = d["kind"]
         self.stream = d.get("stream") or ("compute" if self.kind in ("compute", "copy") else "comm")
         self.preds, self.ctx, self.group, self.pg, self.peer = [], None, None, None, None
+        self.view = False
         self.label = "op %d '%s'" % (d["id"], d.get("name", ""))
 
 
@@ -153,6 +154,8 @@ class Engine:
         self.losses = [op.d["outputs"][0] for op in self.ops if op.d.get("type") == "cross_entropy"]
         self._groups()
         for op in self.ops:
+            op.view = op.kind == "compute" and op.d.get("type") == "identity" and \
+                len(op.d.get("inputs", [])) == len(op.d.get("outputs", []))
             if op.kind == "compute":
                 ins = [self.tensors[t] for t in op.d["inputs"]]
                 outs = [self.tensors[t] for t in op.d["outputs"]]
@@ -234,10 +237,19 @@ class Engine:
 
     # ---- a step --------------------------------------------------------------------------------
 
-    def step(self, data=None, fetch=()):
+    def step(self, data=None, fetch=(), trace=None):
         """Runs one step. `data` {graph input: global value} replaces those inputs for this step
         (a batch; each rank takes its part), `fetch` names tensors to return. Returns a StepResult;
-        afterwards every carried input holds its `.next` value."""
+        afterwards every carried input holds its `.next` value.
+
+        `trace`: a list to which the step's ops are appended as Chrome trace events, in the form
+        `concerto run --trace` writes (ph "X", pid the rank, tid the stream's index, name the op's
+        name, args.id its id, ts/dur in microseconds of the host's monotonic clock), so that
+        `concerto profile --from-trace` reads them. A compute op's event is its kernel's time; a
+        collective's or transfer's runs from its issue to the moment its end is seen. CPU only (a
+        GPU's host issue times say nothing of its kernels)."""
+        if trace is not None and self.cuda:
+            raise Error("engine: trace: only a CPU run can be traced (this engine runs on %s)" % self.device)
         values = dict(self.state)
         for name, v in (data or {}).items():
             if name not in self.state:
@@ -254,7 +266,7 @@ class Engine:
             if self.cuda:
                 self._run_cuda(values, keep)
             else:
-                self._run_cpu(values, keep)
+                self._run_cpu(values, keep, trace)
         if self.cuda:
             torch.cuda.synchronize(self.device)
         elapsed = time.perf_counter() - start
@@ -265,9 +277,10 @@ class Engine:
         loss = sum(losses) / len(losses) if losses else None
         return StepResult(loss, losses, elapsed, {n: values[n] for n in fetch})
 
-    def _run_cpu(self, values, keep):
+    def _run_cpu(self, values, keep, trace=None):
         """Issue loop on the host: a stream's head is issued when the stream is idle and the op's
-        predecessors are done. Compute runs here; a collective or transfer is handed to its
+        predecessors are done; while anything is in flight, completions are looked at after every
+        kernel. Compute runs here; a collective or transfer is handed to its
         stream's waiter thread, which waits for its end while this thread goes on (gloo's
         send/recv and reduce_scatter works never report is_completed, so nothing is polled; its
         reduce_scatter runs inside wait).
@@ -279,12 +292,20 @@ class Engine:
         heads = [0] * len(self.streams)
         left = len(self.ops)
         deadline = time.perf_counter() + self.timeout_s
+        issued_at = {}  # op index -> perf_counter at issue (traced collectives and transfers)
+
+        def record(op, t0, t1):
+            trace.append({"name": op.d["name"], "cat": op.kind, "ph": "X", "pid": self.rank,
+                          "tid": self.stream_names.index(op.stream) if op.stream in self.stream_names else 0,
+                          "ts": t0 * 1e6, "dur": (t1 - t0) * 1e6, "args": {"id": op.d["id"]}})
 
         def complete(idx, err):
             nonlocal left
             finish, s = pending.pop(idx)
             if err is not None:
                 raise Error("engine: rank %d: %s failed: %s" % (self.rank, self.ops[idx].label, err))
+            if trace is not None:
+                record(self.ops[idx], issued_at.pop(idx), time.perf_counter())
             finish()
             done[idx] = True
             busy[s] = None
@@ -311,17 +332,30 @@ class Engine:
                         batch.append((s, op))
                         busy[s] = op.index
                         break
+                    t0 = time.perf_counter()
                     res = self._issue(op, values)
+                    if trace is not None:
+                        if res is None:
+                            record(op, t0, time.perf_counter())
+                        else:
+                            issued_at[op.index] = t0
                     if res is None:
                         done[op.index] = True
                         left -= 1
                         self._release(op, values, remaining, keep)
+                        if pending:
+                            # Back to the top: a collective that ended meanwhile lets its stream
+                            # issue the next one now, not after this stream's run of kernels.
+                            break
                     else:
                         busy[s] = op.index
                         pending[op.index] = (self._finisher(op, res[1], values, remaining, keep), s)
                         self._waiter(s).put((op.index, res[0]))
             if batch:
+                t0 = time.perf_counter()
                 made = [(s, op) + self._p2p(op, values) for s, op in batch]
+                if trace is not None:
+                    issued_at.update((op.index, t0) for _, op in batch)
                 works = dist.batch_isend_irecv([m[2] for m in made])
                 for (s, op, _, fin), w in zip(made, works):
                     pending[op.index] = (self._finisher(op, fin, values, remaining, keep), s)
@@ -452,6 +486,13 @@ class Engine:
             raise Error("engine: rank %d: %s reads tensor %s, which has no value (freed or never written)"
                         % (self.rank, op.label, e)) from None
         if op.kind == "compute":
+            if op.view and all(x.is_contiguous() and dt in (x.dtype, None) and x.numel() == math.prod(shape)
+                               for x, shape, dt in zip(ins, op.ctx.out_shapes, op.ctx.out_dtypes)):
+                # The engine never writes into a value, so a reshape that is a view needs no copy
+                # (the kernel table's identity copies: its other callers may write into outputs).
+                for n, x, shape in zip(d["outputs"], ins, op.ctx.out_shapes):
+                    values[n] = x.view(shape)
+                return None
             op.ctx.step = self.steps_done
             outs = torch_kernels.run_kernel(d, ins, op.ctx)
             for n, v in zip(d["outputs"], outs):

@@ -244,7 +244,9 @@ def gelu(op, inputs, ctx):
 def gelu_grad(op, inputs, ctx):
     """dx = dy * gelu'(x), of the form exact selects."""
     dy, x = inputs
-    return [(_acc(dy) * _gelu_deriv(_acc(x), _attr(op, "exact", 0) != 0)).to(dy.dtype)]
+    # ATen's fused backward computes dy * gelu'(x) of the same form (_gelu_deriv) in one pass.
+    exact = _attr(op, "exact", 0) != 0
+    return [torch.ops.aten.gelu_backward(_acc(dy), _acc(x), approximate="none" if exact else "tanh").to(dy.dtype)]
 
 
 def _silu_deriv(x):
@@ -504,7 +506,8 @@ def reduce_max(op, inputs, ctx):
 def sum_exp(op, inputs, ctx):
     """z = sum(exp(x - m)) over the last dim, m broadcast."""
     x, m = inputs
-    return [torch.exp(_acc(x) - _acc(m).unsqueeze(-1)).sum(dim=-1).to(x.dtype)]
+    e = _acc(x) - _acc(m).unsqueeze(-1)  # a new tensor: exponentiated in place
+    return [e.exp_().sum(dim=-1).to(x.dtype)]
 
 
 @_kernel
@@ -537,10 +540,15 @@ def cross_entropy_grad(op, inputs, ctx):
     logits, m, z, labels = inputs
     denom = _attr(op, "denominator", labels.numel())
     vocab = logits.shape[-1]
-    p = torch.exp(_acc(logits) - _acc(m).unsqueeze(-1)) / _acc(z).unsqueeze(-1)
-    c = labels.to(torch.int64) - _offset(ctx.in_offsets, 0, -1)
-    onehot = torch.arange(vocab, device=logits.device) == c.unsqueeze(-1)
-    return [((p - onehot.to(p.dtype)) / denom).to(logits.dtype)]
+    # In place on one new tensor (no one-hot matrix): p = exp(logits - m) / z, minus 1 at each
+    # row's label when this rank holds it, over the denominator.
+    p = _acc(logits) - _acc(m).unsqueeze(-1)
+    p.exp_().div_(_acc(z).unsqueeze(-1))
+    c = (labels.to(torch.int64) - _offset(ctx.in_offsets, 0, -1)).reshape(-1, 1)
+    inside = ((c >= 0) & (c < vocab)).to(p.dtype)
+    if vocab:
+        p.view(-1, vocab).scatter_add_(1, c.clamp(0, vocab - 1), -inside)
+    return [p.div_(denom).to(logits.dtype)]
 
 
 @_kernel
@@ -556,9 +564,16 @@ def adam(op, inputs, ctx):
     master = len(inputs) == 5
     p = _acc(inputs[4] if master else param)
     g = _acc(grad)
-    m2 = b1 * _acc(m) + (1 - b1) * g
-    v2 = b2 * _acc(v) + (1 - b2) * g * g
-    nxt = p - lr * (m2 / c1) / (torch.sqrt(v2 / c2) + eps) - lr * wd * p
+    # The same arithmetic with few temporaries (in place on the new tensors only).
+    m2 = _acc(m) * b1
+    m2.add_(g, alpha=1 - b1)
+    v2 = _acc(v) * b2
+    v2.addcmul_(g, g, value=1 - b2)
+    step = (v2 / c2).sqrt_().add_(eps)
+    step = torch.div(m2, c1).div_(step).mul_(lr)
+    nxt = p - step
+    if wd:
+        nxt.sub_(p, alpha=lr * wd)
     outs = [nxt.to(param.dtype), m2.to(m.dtype), v2.to(v.dtype)]
     if master:
         outs.append(nxt.to(inputs[4].dtype))

@@ -49,7 +49,8 @@ def _agree(obj):
 class Trainer:
     """Trains `module` under `plan` ("dp=N[,zero=1|2|3]") or `sharding` (a sharding file's dict:
     any mesh, the SPMD partitioner) with `scheduler`'s schedule (made on rank 0 for `cluster`'s
-    machine model, sent to the others).
+    machine model, or a cluster file, and `profile`'s measured durations when given; sent to the
+    others).
 
     `example_inputs`/`labels`: one global batch of the shapes every step will have (the capture's
     shapes). The optimizer is Adam (AdamW when `weight_decay` > 0: decoupled, as
@@ -58,8 +59,8 @@ class Trainer:
     numerics, "ir"). `device`: as Engine's (cpu on gloo, the rank's GPU on NCCL)."""
 
     def __init__(self, module, example_inputs, labels, plan=None, sharding=None, scheduler="concerto",
-                 cluster="a800-4x8", options=None, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                 dtype="f32", device=None, timeout_s=300.0):
+                 cluster="a800-4x8", options=None, profile="", lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
+                 weight_decay=0.0, dtype="f32", device=None, timeout_s=300.0):
         from . import torch as ct  # the bridge imports torch.fx machinery; only the trainer needs it
         if isinstance(example_inputs, torch.Tensor):
             example_inputs = (example_inputs,)
@@ -75,7 +76,8 @@ class Trainer:
                         % (plan or "sharding", program.num_ranks, world, program.num_ranks))
         job = None
         if rank == 0:
-            scheduled, sched = _concerto.schedule(program, cluster=cluster, scheduler=scheduler, options=options or {})
+            scheduled, sched = _concerto.schedule(program, cluster=cluster, scheduler=scheduler, options=options or {},
+                                                 profile=profile or "")
             job = (scheduled.to_json(), json.dumps(sched))
         text, sched = _agree(job)
         self.program = _concerto.parse_program(text, "<%s schedule of %s>" % (scheduler, program.name))
@@ -93,9 +95,10 @@ class Trainer:
     def steps_done(self):
         return self.engine.steps_done
 
-    def step(self, inputs, labels):
+    def step(self, inputs, labels, trace=None):
         """One training step on the global batch (`inputs`: a tensor or a tuple, `labels`): the
-        step's loss (the mean over the ranks' losses, every rank gets it)."""
+        step's loss (the mean over the ranks' losses, every rank gets it). `trace`: a list the
+        step's ops are appended to as Chrome trace events (Engine.step's)."""
         if isinstance(inputs, torch.Tensor):
             inputs = (inputs,)
         if len(inputs) != len(self.input_names):
@@ -105,7 +108,7 @@ class Trainer:
         check_labels(labels, self.capture.classes, "trainer")
         data = dict(zip(self.input_names, inputs))
         data[self.label_name] = labels
-        r = self.engine.step(data)
+        r = self.engine.step(data, trace=trace)
         total = torch.tensor([sum(r.losses), float(len(r.losses))], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(total)

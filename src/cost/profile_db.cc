@@ -130,7 +130,8 @@ std::string ProfileDb::Signature(const Op& op, const PriceContext& ctx, const Cl
 }
 
 void ProfileDb::Add(const std::string& device, const std::string& signature, double duration_us) {
-  assert(std::isfinite(duration_us) && duration_us >= 0 && "profiled duration must be finite, >= 0");
+  assert(std::isfinite(duration_us) && duration_us >= 0 && duration_us <= kMaxProfiledUs &&
+         "profiled duration must be finite, in [0, kMaxProfiledUs]");
   entries_[{device, signature}] = duration_us;
 }
 
@@ -179,8 +180,9 @@ Result<ProfileDb> ProfileDb::Read(const std::string& path) {
         return Status::Error(where + ": field '" + field + "': must be a non-empty string, got " +
                              (e.contains(field) ? DescribeJson(e[field]) : "nothing"));
     if (!e.contains("duration_us") || !e["duration_us"].is_number() ||
-        !std::isfinite(e["duration_us"].get<double>()) || e["duration_us"].get<double>() < 0)
-      return Status::Error(where + ": field 'duration_us': must be a finite non-negative number, got " +
+        !std::isfinite(e["duration_us"].get<double>()) || e["duration_us"].get<double>() < 0 ||
+        e["duration_us"].get<double>() > kMaxProfiledUs)
+      return Status::Error(where + ": field 'duration_us': must be a number in [0, 1e12] us, got " +
                            (e.contains("duration_us") ? DescribeJson(e["duration_us"]) : "nothing"));
     std::pair<std::string, std::string> key = {e["device"].get<std::string>(),
                                                e["signature"].get<std::string>()};

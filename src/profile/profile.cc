@@ -1456,7 +1456,8 @@ ProfileDb MakeProfileDb(const std::string& device, const std::vector<KernelSampl
 }
 
 Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_text, const std::string& source,
-                                                    const Program& program, const ClusterSpec& cluster) {
+                                                    const Program& program, const ClusterSpec& cluster,
+                                                    bool collectives) {
   nlohmann::json trace;
   try {
     trace = nlohmann::json::parse(trace_text);
@@ -1469,39 +1470,60 @@ Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_tex
   std::vector<GraphIndex> indexes;
   for (const Graph& g : program.graphs) indexes.push_back(GraphIndex::Build(g));
   std::map<std::string, std::vector<double>> by_signature;
+  // A collective's instance (graph, op id, its n-th occurrence on a rank): the shortest span over
+  // the ranks that ran it (the last to arrive waited for nobody), and its signature.
+  std::map<std::tuple<int, int64_t, int>, std::pair<double, std::string>> instances;
+  std::map<std::tuple<int, int, int64_t>, int> occurrences;  // (rank, graph, op id) -> seen so far
   const int ranks = program.mesh.NumRanks();
   size_t at = 0;
   for (const nlohmann::json& e : *events) {
     const std::string where = source + ": event " + std::to_string(at++);
-    if (!e.is_object() || e.value("ph", "") != "X") continue;
+    if (!e.is_object() || !e.contains("ph") || !e["ph"].is_string() || e["ph"] != "X") continue;
     if (!e.contains("pid") || !e["pid"].is_number_integer() || !e.contains("dur") || !e["dur"].is_number() ||
         !e.contains("args") || !e["args"].is_object() || !e["args"].contains("id") ||
-        !e["args"]["id"].is_number_integer())
-      return Status::Error(where + ": an op event needs pid (the rank), dur and args.id");
-    const int rank = e["pid"].get<int>();
-    if (rank < 0 || rank >= ranks)
-      return Status::Error(where + ": rank " + std::to_string(rank) + " is not in the program's " +
+        !e["args"]["id"].is_number_integer() || !e.contains("name") || !e["name"].is_string())
+      return Status::Error(where + ": an op event needs pid (the rank), name, dur and args.id (integers, a string)");
+    // Read wide, then range-checked: a pid or id beyond int must not wrap onto a valid one.
+    const int64_t rank64 = e["pid"].is_number_unsigned() && e["pid"].get<uint64_t>() > INT64_MAX
+                               ? INT64_MAX
+                               : e["pid"].get<int64_t>();
+    if (rank64 < 0 || rank64 >= ranks)
+      return Status::Error(where + ": rank " + e["pid"].dump() + " is not in the program's " +
                            std::to_string(ranks) + " ranks (give the program the run executed: --write-program)");
+    const int rank = static_cast<int>(rank64);
     const int role = program.RoleOfRank(rank);
     if (role < 0) return Status::Error(where + ": rank " + std::to_string(rank) + " runs no role of the program");
     const int graph = program.GraphIndex(program.roles[role].graph);
     if (graph < 0) return Status::Error(where + ": the program's role has no graph");
     const Graph& g = program.graphs[graph];
     const GraphIndex& index = indexes[graph];
-    const int id = e["args"]["id"].get<int>();
-    auto op_at = index.op.find(id);
+    const nlohmann::json& id_json = e["args"]["id"];
+    auto op_at = index.op.end();
+    if (!(id_json.is_number_unsigned() && id_json.get<uint64_t>() > INT64_MAX) &&
+        id_json.get<int64_t>() >= INT32_MIN && id_json.get<int64_t>() <= INT32_MAX)
+      op_at = index.op.find(static_cast<int>(id_json.get<int64_t>()));
     if (op_at == index.op.end())
-      return Status::Error(where + ": op id " + std::to_string(id) + " is not in graph '" + g.name + "'");
+      return Status::Error(where + ": op id " + id_json.dump() + " is not in graph '" + g.name + "'");
     const Op& op = g.ops[op_at->second];
-    if (e.value("name", "") != op.name)
-      return Status::Error(where + ": names '" + e.value("name", "") + "' but op " + std::to_string(id) + " of '" +
-                           g.name + "' is '" + op.name + "' (a trace of another program?)");
-    if (op.kind != OpKind::kCompute) continue;
+    if (e["name"].get<std::string>() != op.name)
+      return Status::Error(where + ": names '" + e["name"].get<std::string>() + "' but op " + std::to_string(op.id) +
+                           " of '" + g.name + "' is '" + op.name + "' (a trace of another program?)");
+    const bool collective = op.kind == OpKind::kCollective;
+    if (op.kind != OpKind::kCompute && !(collectives && collective)) continue;
     const double dur = e["dur"].get<double>();
-    if (!std::isfinite(dur) || dur < 0) return Status::Error(where + ": dur must be finite and >= 0");
+    if (!std::isfinite(dur) || dur < 0 || dur > kMaxProfiledUs)
+      return Status::Error(where + ": dur must be finite, >= 0 and at most 1e12 us (kMaxProfiledUs), got " +
+                           e["dur"].dump());
     const PriceContext ctx{g, index, program.mesh, rank};
-    by_signature[ProfileDb::Signature(op, ctx, cluster)].push_back(dur);
+    if (!collective) {
+      by_signature[ProfileDb::Signature(op, ctx, cluster)].push_back(dur);
+      continue;
+    }
+    const int n = occurrences[{rank, graph, op.id}]++;
+    auto [it, fresh] = instances.try_emplace({graph, op.id, n}, dur, ProfileDb::Signature(op, ctx, cluster));
+    if (!fresh) it->second.first = std::min(it->second.first, dur);
   }
+  for (const auto& [key, span] : instances) by_signature[span.second].push_back(span.first);
   std::vector<TraceSample> out;
   for (const auto& [signature, durations] : by_signature)
     out.push_back({signature, MidMedian(durations), static_cast<int>(durations.size())});

@@ -462,6 +462,59 @@ TEST(FromTrace, ComputeDurationsOfARunTraceBecomeProfileEntries) {
   EXPECT_NE(bad.status().message().find("t.json: event"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("(a trace of another program?)"), std::string::npos) << bad.status().message();
   EXPECT_FALSE(DurationsFromTrace("{}", "t.json", sp.program, job->cost->cluster()).ok());
+
+  // With collectives: each all_reduce instance once (the shortest span over its ranks), and the
+  // step re-simulated on a database that now prices every op is the same step.
+  Result<std::vector<TraceSample>> all =
+      DurationsFromTrace(trace, "t.json", sp.program, job->cost->cluster(), /*collectives=*/true);
+  ASSERT_TRUE(all.ok()) << all.status().message();
+  ProfileDb full;
+  int collective_instances = 0;
+  for (const TraceSample& t : *all) {
+    if (t.signature.rfind("all_reduce", 0) == 0) collective_instances += t.count;
+    full.Add(job->cost->cluster().device.name, t.signature, t.median_us);
+  }
+  int collective_ops = 0;
+  for (const Op& op : sp.program.graphs[0].ops) collective_ops += op.kind == OpKind::kCollective;
+  EXPECT_GT(collective_ops, 0);
+  EXPECT_EQ(collective_instances, collective_ops);
+  const ProfiledCostModel all_profiled(full, job->cost->cluster());
+  EXPECT_EQ(SummarizeCosts(sp.program, all_profiled).analytic_ops, 0);
+  Result<RunResult> replay = RunGivenSchedule(sp.program, sp.schedule, all_profiled, spec.options);
+  ASSERT_TRUE(replay.ok()) << replay.status().message();
+  EXPECT_NEAR(replay->summary.makespan_us, job->run.summary.makespan_us, 1e-6 * job->run.summary.makespan_us);
+}
+
+// A trace reader takes nothing it would have to narrow or guess: a rank or op id past int is
+// named, not wrapped onto rank 0 / op 0; a "ph" or "name" of another type is an error, not an
+// internal one; a duration near DBL_MAX is refused before any database holds it.
+TEST(FromTrace, RefusesWhatItWouldTruncate) {
+  JobSpec spec;
+  spec.model = "gpt-tiny";
+  spec.plan = "dp=2";
+  spec.scheduler = "fifo";
+  spec.cluster = "commodity-4x8";
+  Result<JobResult> job = RunJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  const ScheduledProgram& sp = job->run.scheduled;
+  const Op& op = sp.program.graphs[0].ops.front();
+  auto event = [&](nlohmann::json pid, nlohmann::json id, nlohmann::json name, nlohmann::json dur) {
+    return nlohmann::json::array({{{"ph", "X"}, {"pid", pid}, {"name", name}, {"dur", dur}, {"args", {{"id", id}}}}})
+        .dump();
+  };
+  auto error = [&](const std::string& trace) {
+    Result<std::vector<TraceSample>> r = DurationsFromTrace(trace, "t.json", sp.program, job->cost->cluster());
+    return r.ok() ? std::string("accepted") : r.status().message();
+  };
+  EXPECT_EQ(error(event(0, op.id, op.name, 5.0)), "accepted");
+  EXPECT_NE(error(event(4294967296LL, op.id, op.name, 5.0)).find("rank 4294967296 is not in"), std::string::npos);
+  EXPECT_NE(error(event(0, 4294967296LL + op.id, op.name, 5.0)).find("op id 4294967296"), std::string::npos)
+      << error(event(0, 4294967296LL + op.id, op.name, 5.0));
+  EXPECT_NE(error(event(0, op.id, 7, 5.0)).find("needs pid (the rank), name"), std::string::npos);
+  EXPECT_NE(error(event(0, op.id, op.name, 1.7e308)).find("at most 1e12 us"), std::string::npos);
+  nlohmann::json ph = nlohmann::json::parse(event(0, op.id, op.name, 5.0));
+  ph[0]["ph"] = 3;  // not an op event: skipped, so no compute event is left
+  EXPECT_NE(error(ph.dump()).find("no compute op events"), std::string::npos) << error(ph.dump());
 }
 
 // Three rounds' databases of one machine: the merged entry is the median of

@@ -661,6 +661,7 @@ int CmdRun(const RunFlags& rf, const CommonFlags& flags) {
 struct ProfileFlags {
   std::vector<std::string> programs;  // --program: one, or several with --kernels-only
   std::string from_trace;  // --from-trace: no measurement, the run's durations
+  bool trace_collectives = false;  // --from-trace: also the collectives' spans
   std::string cluster;     // --from-trace: the cluster the run was scheduled on
   std::string base;        // --from-trace: the profile database it updates
   std::string out_dir = "profile";
@@ -734,7 +735,8 @@ int CmdProfileFromTrace(const ProfileFlags& pf) {
   if (!cluster.ok()) return Fail(cluster.status());
   Result<std::string> text = ReadInputFile(pf.from_trace, "trace", kMaxLargeInputBytes);
   if (!text.ok()) return Fail(text.status());
-  Result<std::vector<TraceSample>> samples = DurationsFromTrace(*text, pf.from_trace, *program, *cluster);
+  Result<std::vector<TraceSample>> samples = DurationsFromTrace(*text, pf.from_trace, *program, *cluster,
+                                                                pf.trace_collectives);
   if (!samples.ok()) return Fail(samples.status());
   Result<ProfileUpdate> u = UpdateProfile(pf, cluster->device.name, *samples);
   if (!u.ok()) return Fail(u.status());
@@ -1237,6 +1239,10 @@ int RealMain(int argc, char** argv) {
       "--from-trace", pf.from_trace,
       "measure nothing: write the compute durations of a run's trace (concerto run --trace) into "
       "OUT_DIR/profile.json (needs --program, the program the run executed, and --cluster)");
+  profile->add_flag("--collectives", pf.trace_collectives,
+                    "--from-trace: also the collectives' spans (per instance the shortest over its ranks: the last "
+                    "to arrive waited for nobody); best from a run of the sequential schedule")
+      ->needs(from_trace);
   auto* kernels_only = profile->add_flag(
       "--kernels-only", pf.kernels_only,
       "time only the compute kernels of --program (no collectives, no fits, no cluster file) and write them into "

@@ -116,12 +116,17 @@ class AnalyticCostModel : public CostModel {
   ClusterSpec cluster_;
 };
 
+/// The longest duration a profile holds (11.6 days): every reader refuses more, so sums over a
+/// step's ops stay finite (docs/cost-model.md, "Profile database").
+constexpr double kMaxProfiledUs = 1e12;
+
 /// Measured durations keyed by op signature and device name.
 class ProfileDb {
  public:
   /// "matmul|bf16|[8,2048,2048]x[2048,8192]|ta=0,tb=0" style key; collectives
   /// "all_reduce|bf16|bytes=...|n=8|intra". See docs/cost-model.md.
   static std::string Signature(const Op& op, const PriceContext& ctx, const ClusterSpec& cluster);
+  /// duration_us must be in [0, kMaxProfiledUs] (an assert: readers check it).
   void Add(const std::string& device, const std::string& signature, double duration_us);
   /// Duration, or negative when absent.
   double Lookup(const std::string& device, const std::string& signature) const;

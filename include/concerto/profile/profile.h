@@ -380,11 +380,17 @@ struct TraceSample {
 /// trace `concerto run --trace` writes: one "X" event per op, pid = rank,
 /// args.id = the op's id in `program`, the scheduled program the run
 /// executed), keyed by each op's ProfileDb signature on `cluster`.
-/// Communication ops are left out: their measured spans include waiting for
-/// the peers. Errors name `source` and the event: not a trace, a rank or op
-/// id `program` does not have, an event whose name differs from its op's.
+/// Communication ops are left out unless `collectives`: their spans include
+/// waiting for the peers, so a collective's instance (its n-th occurrence)
+/// counts with the shortest span over the ranks that ran it (the last to
+/// arrive waited for nobody); best from a run that issues one op at a time
+/// (the `sequential` schedule). Errors name `source` and the event: not a
+/// trace, a field of the wrong type, a rank or op id `program` does not have
+/// (read wide: no wrap-around), an event whose name differs from its op's, a
+/// duration over kMaxProfiledUs.
 Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_text, const std::string& source,
-                                                    const Program& program, const ClusterSpec& cluster);
+                                                    const Program& program, const ClusterSpec& cluster,
+                                                    bool collectives = false);
 
 /// Several profile databases of one machine taken at different times
 /// (`concerto profile --merge`; the testbed's rounds) made one.

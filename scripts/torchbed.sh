@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The torch testbed (docs/results.md, "Against torch's own DDP, FSDP and tensor parallelism"):
+# concerto's schedules on the torch engine against torch's own DistributedDataParallel, FSDP
+# (fully_shard) and tensor parallelism (parallelize_module), on the same model, batches, initial
+# values and machine, at each link rate of RATES.
+#
+# Per rate, a network namespace whose loopback is shaped with tbf (as scripts/testbed.sh's; needs
+# root), and per workload of WORKLOADS (scripts/torchbed.py's table):
+#  1. `torchbed.py prepare`: the workload's model captured and partitioned (OUT/program.json);
+#  2. `concerto profile --program` inside the namespace: a cpu-local cluster fitted to this machine
+#     (MPI collectives on the shaped link, interference, co-run slowdown) and its profile;
+#  3. the torch kernels and gloo's collectives: the engine runs the `sequential` schedule (one op
+#     at a time) for a few steps with its trace on, and `concerto profile --from-trace
+#     --collectives` puts the torch kernels' and the collectives' times over the profile's other
+#     entries (OUT/torch/profile.json; gloo costs about 0.3 ms per collective here, MPI 10 us);
+#  4. the rounds (`torchbed.py run` under torchrun, inside the namespace): every variant built once
+#     in the same processes, then ROUNDS rounds of WARMUP untimed and STEPS timed steps per variant,
+#     the order rotated by one each round; the engine rows' schedules are made for the fitted
+#     cluster and the torch kernels' profile;
+#  5. `concerto simulate` of each engine row's schedule on that cluster and profile: its prediction.
+# Then the summary (torchbed.py summary): per workload and rate the median step and min-max over the
+# rounds, the final losses, the predictions with their errors, the ranking check; OUT_ROOT/torchbed.json.
+#
+# usage: scripts/torchbed.sh [BUILD_DIR]   (env: RATES="1gbit 10gbit" BURST=256kb LATENCY=50ms
+#        WORKLOADS="gpt2-dp2 gpt2-zero3 llama-tp2" SIZE=bench ROUNDS=5 WARMUP=1 STEPS=3
+#        MAX_BYTES=67108864 OUT=BUILD_DIR/torchbed PY=(scripts/setup_torch.sh's python)
+#        NETNS=1 (0: no namespace and no shaping, the plain loopback: what CI's smoke runs, no root))
+set -euo pipefail
+
+BUILD=${1:-build}
+RATES=${RATES:-"1gbit 10gbit"}
+BURST=${BURST:-256kb}
+LATENCY=${LATENCY:-50ms}
+WORKLOADS=${WORKLOADS:-"gpt2-dp2 gpt2-zero3 llama-tp2"}
+SIZE=${SIZE:-bench}
+ROUNDS=${ROUNDS:-5}
+WARMUP=${WARMUP:-1}
+STEPS=${STEPS:-3}
+MAX_BYTES=${MAX_BYTES:-67108864}
+OUT_ROOT=${OUT:-$BUILD/torchbed}
+NETNS=${NETNS:-1}
+HERE=$(cd "$(dirname "$0")" && pwd)
+CONCERTO=$BUILD/concerto
+PY=${PY:-$(bash "$HERE/setup_torch.sh")}
+export PYTHONPATH=$BUILD/python${PYTHONPATH:+:$PYTHONPATH}
+export GLOO_SOCKET_IFNAME=lo
+
+[[ -x $CONCERTO && -x $BUILD/concerto_mpi_run && -d $BUILD/python/concerto ]] || {
+  echo "torchbed: build $CONCERTO, $BUILD/concerto_mpi_run and the python module first (make test's build)" >&2
+  exit 2
+}
+if [[ $NETNS == 1 ]]; then
+  [[ $(id -u) -eq 0 ]] || { echo "torchbed: needs root for the namespace (ip netns, tc); NETNS=0 runs unshaped" >&2; exit 2; }
+  for tool in ip tc; do command -v "$tool" >/dev/null || { echo "torchbed: '$tool' not found" >&2; exit 2; }; done
+fi
+
+NS=concerto-torchbed-$$
+cleanup() { [[ $NETNS == 1 ]] && ip netns del "$NS" 2>/dev/null || true; }
+trap cleanup EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+in_ns() { if [[ $NETNS == 1 ]]; then ip netns exec "$NS" "$@"; else "$@"; fi; }
+torchrun() {
+  local n=$1; shift
+  in_ns "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" "$HERE/torchbed.py" "$@"
+}
+
+dirs=()
+for RATE in $RATES; do
+  if [[ $NETNS == 1 ]]; then
+    ip netns del "$NS" 2>/dev/null || true
+    ip netns add "$NS"
+    ip netns exec "$NS" ip link set lo up
+    ip netns exec "$NS" tc qdisc add dev lo root tbf rate "$RATE" burst "$BURST" latency "$LATENCY"
+    echo "torchbed: namespace $NS, loopback shaped: $(in_ns tc qdisc show dev lo)" >&2
+  else
+    RATE=unshaped
+    echo "torchbed: no namespace (NETNS=0): the plain loopback" >&2
+  fi
+  for W in $WORKLOADS; do
+    OUT=$OUT_ROOT/$RATE/$W
+    rm -rf "$OUT" && mkdir -p "$OUT/kernels"
+    echo "torchbed: $W at $RATE (files in $OUT)" >&2
+    "$PY" "$HERE/torchbed.py" prepare --workload "$W" --size "$SIZE" --out "$OUT"
+    ranks=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['ranks'])" "$OUT/workload.json")
+    in_ns "$CONCERTO" profile --program "$OUT/program.json" --out-dir "$OUT" --max-bytes "$MAX_BYTES" --reps 3 \
+      --json > "$OUT/profile.summary.json"
+    torchrun "$ranks" run --workload "$W" --size "$SIZE" --out "$OUT/kernels" --variants engine-sequential \
+      --rounds 1 --warmup "$WARMUP" --steps "$STEPS" --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" \
+      --trace engine-sequential
+    "$CONCERTO" profile --from-trace "$OUT/kernels/trace.json" --program "$OUT/kernels/engine-sequential.program.json" \
+      --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" --out-dir "$OUT/torch" --collectives \
+      --json > "$OUT/torch.summary.json"
+    echo "torchbed: load average before the rounds: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    torchrun "$ranks" run --workload "$W" --size "$SIZE" --out "$OUT" --rounds "$ROUNDS" --warmup "$WARMUP" \
+      --steps "$STEPS" --cluster "$OUT/cpu-local.json" --profile "$OUT/torch/profile.json"
+    echo "torchbed: load average after the rounds: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    for P in "$OUT"/engine-*.program.json; do
+      v=$(basename "$P" .program.json)
+      "$CONCERTO" simulate "$P" --schedule "$OUT/$v.schedule.json" --cluster "$OUT/cpu-local.json" \
+        --profile "$OUT/torch/profile.json" --json > "$OUT/$v.simulated.json"
+    done
+    dirs+=("$OUT")
+  done
+done
+"$PY" "$HERE/torchbed.py" summary "${dirs[@]}" --write "$OUT_ROOT/torchbed.json"
+echo "torchbed: files in $OUT_ROOT/<rate>/<workload>/; summary in $OUT_ROOT/torchbed.json" >&2
