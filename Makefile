@@ -3,7 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: setup setup-torch build demo test bench testbed clean sanitize fuzz fuzz-smoke
+.PHONY: setup setup-torch build demo test bench testbed torchbed clean sanitize fuzz fuzz-smoke
 
 setup:
 	@bash scripts/setup.sh
@@ -75,6 +75,12 @@ fuzz-smoke: fuzz
 # The emulated 1 Gbit/s cluster (root): measured vs simulated iteration times (docs/results.md).
 testbed: build
 	bash scripts/testbed.sh $(BUILD)
+
+# concerto's schedules on the torch engine against torch's own DDP, FSDP and tensor parallelism
+# (root: a shaped network namespace; about 30 minutes; docs/results.md). Not part of CI: CI runs
+# its smoke (python_torchbed).
+torchbed: setup-torch build
+	bash scripts/torchbed.sh $(BUILD)
 
 bench: build
 	./$(BUILD)/concerto_bench

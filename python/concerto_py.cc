@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "concerto/cost/cluster.h"
+#include "concerto/cost/cost_model.h"
 #include "concerto/driver/driver.h"
 #include "concerto/driver/job.h"
 #include "concerto/driver/options.h"
@@ -386,6 +387,21 @@ PYBIND11_MODULE(_concerto, m) {
         "what rank `rank` runs: {'role', 'graph', 'coords' (its mesh coordinates), 'groups' {collective op id: "
         "member ranks, ascending}, 'peers' {send/recv op id: peer rank}, 'offsets' {tensor: first global index "
         "per dim (ShardOffset)}, 'global_shapes' {tensor: global shape}}");
+
+  m.def("profile_signatures", [](const Program& program, int rank, const std::string& cluster) {
+    if (rank < 0 || rank >= program.mesh.NumRanks())
+      throw Error("profile_signatures: rank " + std::to_string(rank) + " is not in the program's " +
+                  std::to_string(program.mesh.NumRanks()) + " ranks");
+    const ClusterSpec spec = Take(LoadCluster(cluster));
+    const RankGraph rg = GraphOfRank(program, rank);
+    const GraphIndex index = GraphIndex::Build(*rg.graph);
+    const PriceContext ctx{*rg.graph, index, program.mesh, rank};
+    py::dict out;
+    for (const Op& op : rg.graph->ops) out[py::int_(op.id)] = ProfileDb::Signature(op, ctx, spec);
+    return py::make_tuple(spec.device.name, out);
+  }, py::arg("program"), py::arg("rank"), py::arg("cluster") = "a800-4x8",
+        "(the cluster's device name, {op id: profile signature}) of rank `rank`'s ops on `cluster` (a preset or "
+        "file): the keys a profile database holds their measured durations under (docs/cost-model.md)");
 
   m.def("collective_groups", [](const Program& program) {
     std::set<std::vector<int>> groups;

@@ -17,11 +17,22 @@ and tensor parallelism"). scripts/torchbed.sh runs it inside a shaped network na
       and schedule it ran (DIR/<variant>.program.json, .schedule.json) for the simulator.
       --trace VARIANT: also DIR/trace.json, that engine variant's ops in the last round's timed
       steps as Chrome trace events (for `concerto profile --from-trace`).
-  torchbed.py summary DIR [DIR...] [--json]
+  torchbed.py explain --workload W [--size S] --out DIR [--variants V,...] [--cluster C --profile DB]
+      under torchrun: where each variant's step goes on rank 0 (after --warmup steps, the median
+      of --steps): wall time, the kernels' own time on the main thread (GEMMs apart; torch's rows
+      from torch.profiler, the engine's from its trace) and the rest (waiting for communication,
+      host work between kernels); DIR/explain.json.
+  torchbed.py collectives --out DIR --cluster C [--profile DB] [--reps N]
+      under torchrun: every distinct collective of DIR's engine rows timed as the engine issues it
+      over gloo, alone (the slowest rank's median of N), written over DB's entries into
+      DIR/gloo/profile.json (what the engine rows are simulated on).
+  torchbed.py summary DIR [DIR...] [--write FILE] [--json] [--max-loss-diff X]
       the table of every DIR (a workload at a rate): median and min-max step per variant, the
       final loss and its largest difference to the others, the simulator's prediction for every
       engine row (DIR/<variant>.simulated.json, written by torchbed.sh) and its error, the
-      ranking check; writes DIR/../torchbed.json and prints a markdown table.
+      ranking check; prints a markdown table (and --write: the JSON into FILE). Exits 1 when an
+      engine row has no prediction, or with --max-loss-diff when the final losses of a workload's
+      variants differ by more than X (relative).
 
 Variants: torch's own: ddp-<N>mb (DistributedDataParallel, bucket_cap_mb N), fsdp (fully_shard per
 block and the root, defaults), fsdp-prefetch (explicit forward and backward prefetch of the next two
@@ -205,6 +216,170 @@ def cmd_prepare(a):
     return 0
 
 
+def make_variants(a, variants, say):
+    """Every variant, built in order on every rank: each starts from the same initial values (one
+    seeded init, copied) and draws the same batch sequence (its own generator from the same seed)."""
+    import torch
+    w = WORKLOADS[a.workload]
+    torch.manual_seed(a.seed)
+    base, _ = build_model(w["model"], a.size)
+    example = next(batches(a.size, a.seed))
+    made, feeds = {}, {}
+    for v in variants:
+        t0 = time.perf_counter()
+        module = copy.deepcopy(base)
+        blocks = list(module.lm.transformer.h) if w["model"] == "gpt2" else list(module.lm.model.layers)
+        if v.startswith("engine-"):
+            made[v] = EngineVariant(v, a.workload, module, example, a.lr, a.cluster, a.profile, a.out)
+        else:
+            made[v] = TorchVariant(v, a.workload, module, blocks, a.lr)
+        feeds[v] = batches(a.size, a.seed)
+        say("%s ready (%.1f s)" % (v, time.perf_counter() - t0))
+    return made, feeds
+
+
+_GEMMS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def cmd_explain(a):
+    """Where each variant's step goes on rank 0 (after a.warmup steps; the median of a.steps):
+    the wall time, the kernels' own time on the main thread (GEMMs apart), and the rest (waiting
+    for communication, host work between kernels). torch's rows from torch.profiler (its aten ops
+    on the main thread, self time; communication runs in gloo's threads), the engine's from its
+    trace (compute ops' spans)."""
+    import torch
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    variants = a.variants.split(",") if a.variants else default_variants(a.workload)
+    made, feeds = make_variants(a, variants, lambda m: None)
+    out = {}
+    for v in variants:
+        for _ in range(a.warmup):
+            made[v].step(*next(feeds[v]))
+        rows = []
+        for _ in range(a.steps):
+            dist.barrier()
+            ids, labels = next(feeds[v])
+            if v.startswith("engine-"):
+                events = []
+                t0 = time.perf_counter()
+                made[v].step(ids, labels, trace=events)
+                wall = (time.perf_counter() - t0) * 1e3
+                mine = [e for e in events if e["cat"] == "compute"]
+                types = {o["id"]: o.get("type") for o in made[v].trainer.program.to_dict()["graphs"][0]["ops"]}
+                kernels = sum(e["dur"] for e in mine) / 1e3
+                gemm = sum(e["dur"] for e in mine if types.get(e["args"]["id"]) in ("matmul", "attention",
+                                                                                      "attention_grad")) / 1e3
+                n = len(mine)
+            else:
+                with profile(activities=[ProfilerActivity.CPU]) as prof:
+                    t0 = time.perf_counter()
+                    made[v].step(ids, labels)
+                    wall = (time.perf_counter() - t0) * 1e3
+                def outermost(e):  # an aten op no other aten op called
+                    p = e.cpu_parent
+                    while p is not None:
+                        if p.name.startswith("aten::"):
+                            return False
+                        p = p.cpu_parent
+                    return True
+                main = [e for e in prof.events() if e.name.startswith("aten::") and outermost(e)]
+                kernels = sum(e.cpu_time_total for e in main) / 1e3
+                gemm = sum(e.self_cpu_time_total for e in prof.events() if e.name in _GEMMS) / 1e3
+                n = len(main)
+            rows.append({"wall_ms": wall, "kernels_ms": kernels, "gemm_ms": gemm, "kernel_calls": n})
+        best = sorted(rows, key=lambda r: r["wall_ms"])[len(rows) // 2]
+        best["rest_ms"] = best["wall_ms"] - best["kernels_ms"]
+        out[v] = best
+        if rank == 0:
+            print("torchbed: %-16s step %7.1f ms: kernels %7.1f ms (GEMMs %7.1f, %4d top-level calls), rest %7.1f ms"
+                  % (v, best["wall_ms"], best["kernels_ms"], best["gemm_ms"], best["kernel_calls"], best["rest_ms"]),
+                  file=sys.stderr, flush=True)
+    if rank == 0 and a.out:
+        with open(os.path.join(a.out, "explain.json"), "w") as f:
+            json.dump({"workload": a.workload, "size": a.size, "variants": out}, f, indent=1)
+    for v in made.values():
+        if isinstance(v, EngineVariant):
+            v.trainer.engine.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+def cmd_collectives(a):
+    """Under torchrun: every distinct collective of the engine rows' programs (DIR/engine-*.program.json
+    with their schedules) timed as the engine issues it over gloo, alone (all ranks enter together
+    after a barrier; the median of --reps), written over --profile's entries into
+    DIR/gloo/profile.json under each op's profile signature on --cluster."""
+    import glob
+    import torch
+    import torch.distributed as dist
+    import concerto
+    from concerto.engine import Engine
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    measured, device = {}, None
+    for path in sorted(glob.glob(os.path.join(a.out, "engine-*.program.json"))):
+        program = concerto.read_program(path)
+        with open(path.replace(".program.json", ".schedule.json")) as f:
+            engine = Engine(program, f.read(), seed=1)
+        device, sigs = concerto.profile_signatures(program, rank, a.cluster)
+        todo = [op for op in engine.ops if op.kind == "collective" and sigs[op.d["id"]] not in measured]
+        mine = [sigs[op.d["id"]] for op in todo]
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine)
+        if any(x != mine for x in everyone):
+            raise SystemExit("torchbed: %s: the ranks' collectives differ (a program of several roles?)" % path)
+        for op in todo:
+            sig = sigs[op.d["id"]]
+            if sig in measured:
+                continue
+            ins = [torch.zeros(engine.tensors[n]["shape"], dtype=engine._dtype(engine.tensors[n]))
+                   for n in op.d["inputs"]]
+            times = []
+            for _ in range(a.reps):
+                dist.barrier()
+                t0 = time.perf_counter()
+                res = engine._collective(op, ins, {})
+                if res is not None:
+                    for w in res[0]:
+                        w.wait()
+                    res[1]()
+                times.append((time.perf_counter() - t0) * 1e6)
+            # The slowest rank's median: a collective ends for the step when it ends everywhere.
+            t = torch.tensor([statistics.median(times)], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            measured[sig] = float(t[0])
+        engine.close()
+        if rank == 0:
+            print("torchbed: %s: %d collectives timed so far" % (os.path.basename(path), len(measured)),
+                  file=sys.stderr, flush=True)
+    if rank == 0:
+        entries = {}
+        if a.profile:
+            with open(a.profile) as f:
+                for e in json.load(f)["entries"]:
+                    entries[(e["device"], e["signature"])] = e["duration_us"]
+        for sig, us in measured.items():
+            entries[(device, sig)] = us
+        os.makedirs(os.path.join(a.out, "gloo"), exist_ok=True)
+        with open(os.path.join(a.out, "gloo", "profile.json"), "w") as f:
+            json.dump({"format": "concerto-profile", "version": 1, "entries": [
+                {"device": d, "signature": sg, "duration_us": us} for (d, sg), us in sorted(entries.items())]}, f,
+                indent=1)
+        with open(os.path.join(a.out, "gloo", "collectives.json"), "w") as f:
+            json.dump({"device": device, "reps": a.reps, "collectives_us": measured}, f, indent=1)
+        print("torchbed: %d collectives over gloo -> %s" % (len(measured), os.path.join(a.out, "gloo", "profile.json")),
+              file=sys.stderr)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
 def cmd_run(a):
     import torch
     import torch.distributed as dist
@@ -222,22 +397,7 @@ def cmd_run(a):
         if rank == 0:
             print("torchbed: " + msg, file=sys.stderr, flush=True)
 
-    # Every variant starts from the same initial values (one seeded init, copied) and draws the
-    # same batch sequence (its own generator from the same seed).
-    torch.manual_seed(a.seed)
-    base, _ = build_model(w["model"], a.size)
-    example = next(batches(a.size, a.seed))
-    made, feeds = {}, {}
-    for v in variants:
-        t0 = time.perf_counter()
-        module = copy.deepcopy(base)
-        blocks = list(module.lm.transformer.h) if w["model"] == "gpt2" else list(module.lm.model.layers)
-        if v.startswith("engine-"):
-            made[v] = EngineVariant(v, a.workload, module, example, a.lr, a.cluster, a.profile, a.out)
-        else:
-            made[v] = TorchVariant(v, a.workload, module, blocks, a.lr)
-        feeds[v] = batches(a.size, a.seed)
-        say("%s ready (%.1f s)" % (v, time.perf_counter() - t0))
+    made, feeds = make_variants(a, variants, say)
     record = {v: {"round_median_ms": [], "step_ms": [], "losses": []} for v in variants}
     events = []
     for r in range(a.rounds):
@@ -353,21 +513,31 @@ def cmd_summary(a):
             json.dump({"workloads": results}, f, indent=1)
     if a.json:
         print(json.dumps({"workloads": results}))
-    return 0
+    bad = []
+    for s in results:
+        if a.max_loss_diff is not None and not s["max_final_loss_rel_diff"] <= a.max_loss_diff:
+            bad.append("%s: the variants' final losses differ by %.3g (relative), over --max-loss-diff %g"
+                       % (s["dir"], s["max_final_loss_rel_diff"], a.max_loss_diff))
+        missing = [r["variant"] for r in s["rows"] if r["variant"].startswith("engine-") and "predicted_ms" not in r]
+        if missing:
+            bad.append("%s: no prediction for %s (no <variant>.simulated.json)" % (s["dir"], ", ".join(missing)))
+    for b in bad:
+        print("torchbed: " + b, file=sys.stderr)
+    return 1 if bad else 0
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="torchbed.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("prepare", "run"):
+    for name in ("prepare", "run", "explain"):
         p = sub.add_parser(name)
         p.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
         p.add_argument("--size", default="bench", choices=sorted(SIZES))
         p.add_argument("--out", required=True, help="the workload's folder")
         p.add_argument("--seed", type=int, default=0)
         p.add_argument("--lr", type=float, default=1e-3)
-        if name == "run":
+        if name in ("run", "explain"):
             p.add_argument("--variants", default="", help="comma-separated (default: the workload's torch variants "
                                                           "and engine-{%s})" % ",".join(ENGINE_SCHEDULERS))
             p.add_argument("--rounds", type=int, default=5)
@@ -377,14 +547,24 @@ def main(argv=None):
             p.add_argument("--profile", default="", help="measured durations for the engine schedules")
             p.add_argument("--trace", default="", metavar="VARIANT",
                            help="write DIR/trace.json: this engine variant's ops in the last round's timed steps")
+    p = sub.add_parser("collectives")
+    p.add_argument("--out", required=True, help="the workload's folder (its engine-*.program.json)")
+    p.add_argument("--cluster", required=True, help="the cluster the signatures are keyed on")
+    p.add_argument("--profile", default="", help="the entries to write the measured ones over")
+    p.add_argument("--reps", type=int, default=5)
     p = sub.add_parser("summary")
     p.add_argument("dirs", nargs="+")
     p.add_argument("--write", help="also write the summary JSON here")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--max-loss-diff", type=float, default=None,
+                   help="fail (exit 1) when a workload's final losses differ by more than this (relative)")
     a = ap.parse_args(argv)
-    if a.cmd == "run" and not (a.rounds >= 1 and a.steps >= 1 and a.warmup >= 0):
+    if a.cmd in ("run", "explain") and not (a.rounds >= 1 and a.steps >= 1 and a.warmup >= 0):
         ap.error("--rounds and --steps must be >= 1, --warmup >= 0")
-    return {"prepare": cmd_prepare, "run": cmd_run, "summary": cmd_summary}[a.cmd](a)
+    if a.cmd == "collectives" and not 1 <= a.reps <= 1000:
+        ap.error("--reps must be in [1, 1000]")
+    return {"prepare": cmd_prepare, "run": cmd_run, "explain": cmd_explain, "collectives": cmd_collectives,
+            "summary": cmd_summary}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -17,14 +17,17 @@
 #     in the same processes, then ROUNDS rounds of WARMUP untimed and STEPS timed steps per variant,
 #     the order rotated by one each round; the engine rows' schedules are made for the fitted
 #     cluster and the torch kernels' profile;
-#  5. `concerto simulate` of each engine row's schedule on that cluster and profile: its prediction.
+#  5. every collective of the engine rows' programs timed over gloo as the engine issues it, alone
+#     (`torchbed.py collectives`: OUT/gloo/profile.json, over the torch kernels' profile), and
+#     `concerto simulate` of each engine row's schedule on the fitted cluster and that profile.
 # Then the summary (torchbed.py summary): per workload and rate the median step and min-max over the
 # rounds, the final losses, the predictions with their errors, the ranking check; OUT_ROOT/torchbed.json.
 #
 # usage: scripts/torchbed.sh [BUILD_DIR]   (env: RATES="1gbit 10gbit" BURST=256kb LATENCY=50ms
 #        WORKLOADS="gpt2-dp2 gpt2-zero3 llama-tp2" SIZE=bench ROUNDS=5 WARMUP=1 STEPS=3
-#        MAX_BYTES=67108864 OUT=BUILD_DIR/torchbed PY=(scripts/setup_torch.sh's python)
-#        NETNS=1 (0: no namespace and no shaping, the plain loopback: what CI's smoke runs, no root))
+#        MAX_BYTES=67108864 MAX_LOSS_DIFF=1e-4 OUT=BUILD_DIR/torchbed PY=(scripts/setup_torch.sh's python)
+#        NETNS=1 (0: no namespace and no shaping, the plain loopback: what CI's smoke runs, no root)
+#        ONLY_PREDICT=0 (1: keep an earlier run's measurements in OUT, redo only step 5))
 set -euo pipefail
 
 BUILD=${1:-build}
@@ -37,8 +40,12 @@ ROUNDS=${ROUNDS:-5}
 WARMUP=${WARMUP:-1}
 STEPS=${STEPS:-3}
 MAX_BYTES=${MAX_BYTES:-67108864}
+# fp32: the variants sum gradients in different orders (buckets, shards), so after tens of Adam
+# steps their losses differ in the last digits, not more.
+MAX_LOSS_DIFF=${MAX_LOSS_DIFF:-1e-4}
 OUT_ROOT=${OUT:-$BUILD/torchbed}
 NETNS=${NETNS:-1}
+ONLY_PREDICT=${ONLY_PREDICT:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 CONCERTO=$BUILD/concerto
 PY=${PY:-$(bash "$HERE/setup_torch.sh")}
@@ -65,6 +72,26 @@ torchrun() {
   in_ns "$PY" -m torch.distributed.run --standalone --nproc-per-node "$n" "$HERE/torchbed.py" "$@"
 }
 
+# Steps 1-4 for workload $W at $RATE into $OUT (sets $ranks).
+measure() {
+  rm -rf "$OUT" && mkdir -p "$OUT/kernels"
+  echo "torchbed: $W at $RATE (files in $OUT)" >&2
+  "$PY" "$HERE/torchbed.py" prepare --workload "$W" --size "$SIZE" --out "$OUT"
+  ranks=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['ranks'])" "$OUT/workload.json")
+  in_ns "$CONCERTO" profile --program "$OUT/program.json" --out-dir "$OUT" --max-bytes "$MAX_BYTES" --reps 3 \
+    --json > "$OUT/profile.summary.json"
+  torchrun "$ranks" run --workload "$W" --size "$SIZE" --out "$OUT/kernels" --variants engine-sequential \
+    --rounds 1 --warmup "$WARMUP" --steps "$STEPS" --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" \
+    --trace engine-sequential
+  "$CONCERTO" profile --from-trace "$OUT/kernels/trace.json" --program "$OUT/kernels/engine-sequential.program.json" \
+    --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" --out-dir "$OUT/torch" --collectives \
+    --json > "$OUT/torch.summary.json"
+  echo "torchbed: load average before the rounds: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+  torchrun "$ranks" run --workload "$W" --size "$SIZE" --out "$OUT" --rounds "$ROUNDS" --warmup "$WARMUP" \
+    --steps "$STEPS" --cluster "$OUT/cpu-local.json" --profile "$OUT/torch/profile.json"
+  echo "torchbed: load average after the rounds: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+}
+
 dirs=()
 for RATE in $RATES; do
   if [[ $NETNS == 1 ]]; then
@@ -79,29 +106,21 @@ for RATE in $RATES; do
   fi
   for W in $WORKLOADS; do
     OUT=$OUT_ROOT/$RATE/$W
-    rm -rf "$OUT" && mkdir -p "$OUT/kernels"
-    echo "torchbed: $W at $RATE (files in $OUT)" >&2
-    "$PY" "$HERE/torchbed.py" prepare --workload "$W" --size "$SIZE" --out "$OUT"
+    if [[ $ONLY_PREDICT == 1 ]]; then
+      [[ -f $OUT/measured.json ]] || { echo "torchbed: ONLY_PREDICT=1: no earlier run in $OUT" >&2; exit 2; }
+      echo "torchbed: $W at $RATE: the predictions again (files in $OUT)" >&2
+    else
+      measure
+    fi
     ranks=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['ranks'])" "$OUT/workload.json")
-    in_ns "$CONCERTO" profile --program "$OUT/program.json" --out-dir "$OUT" --max-bytes "$MAX_BYTES" --reps 3 \
-      --json > "$OUT/profile.summary.json"
-    torchrun "$ranks" run --workload "$W" --size "$SIZE" --out "$OUT/kernels" --variants engine-sequential \
-      --rounds 1 --warmup "$WARMUP" --steps "$STEPS" --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" \
-      --trace engine-sequential
-    "$CONCERTO" profile --from-trace "$OUT/kernels/trace.json" --program "$OUT/kernels/engine-sequential.program.json" \
-      --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" --out-dir "$OUT/torch" --collectives \
-      --json > "$OUT/torch.summary.json"
-    echo "torchbed: load average before the rounds: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
-    torchrun "$ranks" run --workload "$W" --size "$SIZE" --out "$OUT" --rounds "$ROUNDS" --warmup "$WARMUP" \
-      --steps "$STEPS" --cluster "$OUT/cpu-local.json" --profile "$OUT/torch/profile.json"
-    echo "torchbed: load average after the rounds: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+    torchrun "$ranks" collectives --out "$OUT" --cluster "$OUT/cpu-local.json" --profile "$OUT/torch/profile.json"
     for P in "$OUT"/engine-*.program.json; do
       v=$(basename "$P" .program.json)
       "$CONCERTO" simulate "$P" --schedule "$OUT/$v.schedule.json" --cluster "$OUT/cpu-local.json" \
-        --profile "$OUT/torch/profile.json" --json > "$OUT/$v.simulated.json"
+        --profile "$OUT/gloo/profile.json" --json > "$OUT/$v.simulated.json"
     done
     dirs+=("$OUT")
   done
 done
-"$PY" "$HERE/torchbed.py" summary "${dirs[@]}" --write "$OUT_ROOT/torchbed.json"
+"$PY" "$HERE/torchbed.py" summary "${dirs[@]}" --write "$OUT_ROOT/torchbed.json" --max-loss-diff "$MAX_LOSS_DIFF"
 echo "torchbed: files in $OUT_ROOT/<rate>/<workload>/; summary in $OUT_ROOT/torchbed.json" >&2

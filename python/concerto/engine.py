@@ -278,9 +278,11 @@ class Engine:
         return StepResult(loss, losses, elapsed, {n: values[n] for n in fetch})
 
     def _run_cpu(self, values, keep, trace=None):
-        """Issue loop on the host: a stream's head is issued when the stream is idle and the op's
-        predecessors are done; while anything is in flight, completions are looked at after every
-        kernel. Compute runs here; a collective or transfer is handed to its
+        """Issue loop on the host: a stream's head is issued when the op's predecessors are done and
+        the stream is idle, or, for a collective, when the stream's earlier ops are issued (a comm
+        stream's collectives queue in its order instead of each waiting for the one before to end:
+        no gap while the host runs a kernel); streams take turns, one kernel each per pass, and
+        completions are looked at after every kernel. Compute runs here; a collective or transfer is handed to its
         stream's waiter thread, which waits for its end while this thread goes on (gloo's
         send/recv and reduce_scatter works never report is_completed, so nothing is polled; its
         reduce_scatter runs inside wait).
@@ -308,7 +310,8 @@ class Engine:
                 record(self.ops[idx], issued_at.pop(idx), time.perf_counter())
             finish()
             done[idx] = True
-            busy[s] = None
+            if busy[s] == idx:
+                busy[s] = None
             left -= 1
 
         while left:
@@ -343,12 +346,14 @@ class Engine:
                         done[op.index] = True
                         left -= 1
                         self._release(op, values, remaining, keep)
-                        if pending:
-                            # Back to the top: a collective that ended meanwhile lets its stream
-                            # issue the next one now, not after this stream's run of kernels.
-                            break
+                        # One kernel per stream per pass: the other streams (a collective whose
+                        # gradient this kernel made) issue now, not after this stream's whole run
+                        # of ready kernels (the backward), and ended collectives are seen.
+                        break
                     else:
-                        busy[s] = op.index
+                        # A collective: the stream's next one is issued as soon as its inputs are
+                        # ready, not when this one ends (gloo runs a group's works in issue order
+                        # on its own threads, as DDP's buckets); the waiter sees them end in order.
                         pending[op.index] = (self._finisher(op, res[1], values, remaining, keep), s)
                         self._waiter(s).put((op.index, res[0]))
             if batch:
