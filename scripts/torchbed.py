@@ -29,8 +29,9 @@ and tensor parallelism"). scripts/torchbed.sh runs it inside a shaped network na
   torchbed.py summary DIR [DIR...] [--write FILE] [--json] [--max-loss-diff X]
       the table of every DIR (a workload at a rate): median and min-max step per variant, the
       final loss and its largest difference to the others, the simulator's prediction for every
-      engine row (DIR/<variant>.simulated.json, written by torchbed.sh) and its error, the
-      ranking check; prints a markdown table (and --write: the JSON into FILE). Exits 1 when an
+      engine row (DIR/<variant>.simulated.json, written by torchbed.sh) and for torch's own rows
+      where we model them (DIR/model-<variant>.simulated.json: our ddp / zero policy), with its
+      error, the ranking checks; prints a markdown table (and --write: the JSON into FILE). Exits 1 when an
       engine row has no prediction, or with --max-loss-diff when the final losses of a workload's
       variants differ by more than X (relative).
 
@@ -323,7 +324,8 @@ def cmd_collectives(a):
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     measured, device = {}, None
-    for path in sorted(glob.glob(os.path.join(a.out, "engine-*.program.json"))):
+    for path in sorted(glob.glob(os.path.join(a.out, "engine-*.program.json")) +
+                       glob.glob(os.path.join(a.out, "model-*.program.json"))):
         program = concerto.read_program(path)
         with open(path.replace(".program.json", ".schedule.json")) as f:
             engine = Engine(program, f.read(), seed=1)
@@ -463,8 +465,9 @@ def summarise(d):
         r = m["variants"][v]
         row = {"variant": v, "median_ms": r["median_ms"], "min_ms": r["min_ms"], "max_ms": r["max_ms"],
                "final_loss": r["final_loss"]}
-        sim = os.path.join(d, v + ".simulated.json")
-        if v.startswith("engine-") and os.path.exists(sim):
+        # The engine rows' schedules, and our model of torch's own rows (model-<variant>).
+        sim = os.path.join(d, (v if v.startswith("engine-") else "model-" + v) + ".simulated.json")
+        if os.path.exists(sim):
             s = json.load(open(sim))
             row["predicted_ms"] = s["makespan_us"] / 1e3
             row["error_pct"] = 100.0 * (row["predicted_ms"] - row["median_ms"]) / row["median_ms"]
@@ -477,6 +480,7 @@ def summarise(d):
     best_torch = min(torch_rows, key=lambda r: r["median_ms"]) if torch_rows else None
     concerto = next((r for r in rows if r["variant"] == "engine-concerto"), None)
     predicted = [r for r in engine_rows if "predicted_ms" in r]
+    modelled = [r for r in torch_rows if "predicted_ms" in r]
     pairs = _ranked_pairs(predicted)
     misranked = [(f["variant"], s["variant"]) for f, s in pairs if not f["predicted_ms"] < s["predicted_ms"]]
     errors = [abs(r["error_pct"]) for r in predicted]
@@ -488,7 +492,12 @@ def summarise(d):
             "ranked_pairs": len(pairs), "misranked_pairs": misranked,
             "median_abs_error_pct": statistics.median(errors) if errors else None,
             "max_abs_error_pct": max(errors) if errors else None,
-            "rows_within_10pct": sum(e <= 10 for e in errors)}
+            "rows_within_10pct": sum(e <= 10 for e in errors),
+            "torch_rows_modelled": len(modelled),
+            "torch_rows_within_10pct": sum(abs(r["error_pct"]) <= 10 for r in modelled),
+            "torch_ranked_pairs": len(_ranked_pairs(modelled)),
+            "torch_misranked_pairs": [(f["variant"], s["variant"]) for f, s in _ranked_pairs(modelled)
+                                      if not f["predicted_ms"] < s["predicted_ms"]]}
 
 
 def cmd_summary(a):
@@ -504,10 +513,13 @@ def cmd_summary(a):
                                                                 r["max_ms"], r["final_loss"], pred, err))
         ratio = s["concerto_vs_best_torch"]
         print("\nbest of torch's own: %s; concerto's schedule %s; final losses agree within %.2g (relative); "
-              "simulator: %d of %d engine rows within 10%%, %d ranked pairs, misranked: %s"
+              "simulator: %d of %d engine rows within 10%%, %d ranked pairs, misranked: %s; our model of torch's "
+              "rows: %d of %d within 10%%, misranked: %s"
               % (s["best_torch"], "%.2fx its speed" % ratio if ratio else "-", s["max_final_loss_rel_diff"],
-                 s["rows_within_10pct"], sum("predicted_ms" in r for r in s["rows"]), s["ranked_pairs"],
-                 s["misranked_pairs"] or "none"))
+                 s["rows_within_10pct"], sum("predicted_ms" in r and r["variant"].startswith("engine-")
+                                             for r in s["rows"]), s["ranked_pairs"],
+                 s["misranked_pairs"] or "none", s["torch_rows_within_10pct"], s["torch_rows_modelled"],
+                 s["torch_misranked_pairs"] or "none"))
     if a.write:
         with open(a.write, "w") as f:
             json.dump({"workloads": results}, f, indent=1)

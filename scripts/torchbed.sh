@@ -17,9 +17,11 @@
 #     in the same processes, then ROUNDS rounds of WARMUP untimed and STEPS timed steps per variant,
 #     the order rotated by one each round; the engine rows' schedules are made for the fitted
 #     cluster and the torch kernels' profile;
-#  5. every collective of the engine rows' programs timed over gloo as the engine issues it, alone
-#     (`torchbed.py collectives`: OUT/gloo/profile.json, over the torch kernels' profile), and
-#     `concerto simulate` of each engine row's schedule on the fitted cluster and that profile.
+#  5. our model of torch's own rows where there is one (OUT/model-ddp-<N>mb: the ddp scheduler
+#     with N MB buckets; model-fsdp: the zero scheduler), every collective of those and the engine
+#     rows' programs timed over gloo as the engine issues it, alone (`torchbed.py collectives`:
+#     OUT/gloo/profile.json, over the torch kernels' profile), and `concerto simulate` of each on
+#     the fitted cluster and that profile.
 # Then the summary (torchbed.py summary): per workload and rate the median step and min-max over the
 # rounds, the final losses, the predictions with their errors, the ranking check; OUT_ROOT/torchbed.json.
 #
@@ -113,8 +115,22 @@ for RATE in $RATES; do
       measure
     fi
     ranks=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['ranks'])" "$OUT/workload.json")
+    # Our model of each of torch's own rows where one exists: DDP's policy at that bucket size,
+    # FSDP's as the zero scheduler on the same zero=3 program (torch's TP has none: its collectives
+    # are Megatron's, the partitioner's program is not; issue 40).
+    for v in $("$PY" -c "import json,sys; print(' '.join(json.load(open(sys.argv[1]))['order']))" "$OUT/measured.json"); do
+      case $v in
+        ddp-*mb) opts=(--scheduler ddp --ddp-bucket "${v:4:-2}") ;;
+        fsdp|fsdp-prefetch) opts=(--scheduler zero) ;;
+        *) continue ;;
+      esac
+      "$CONCERTO" schedule "$OUT/program.json" "${opts[@]}" --cluster "$OUT/cpu-local.json" \
+        --profile "$OUT/torch/profile.json" -o "$OUT/model-$v.schedule.json" --write-program "$OUT/model-$v.program.json" \
+        > /dev/null
+    done
     torchrun "$ranks" collectives --out "$OUT" --cluster "$OUT/cpu-local.json" --profile "$OUT/torch/profile.json"
-    for P in "$OUT"/engine-*.program.json; do
+    for P in "$OUT"/engine-*.program.json "$OUT"/model-*.program.json; do
+      [[ -f $P ]] || continue
       v=$(basename "$P" .program.json)
       "$CONCERTO" simulate "$P" --schedule "$OUT/$v.schedule.json" --cluster "$OUT/cpu-local.json" \
         --profile "$OUT/gloo/profile.json" --json > "$OUT/$v.simulated.json"

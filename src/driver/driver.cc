@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <fmt/format.h>
 
 #include "concerto/driver/pass.h"
@@ -189,6 +190,55 @@ Result<std::vector<RunResult>> Compare(const Program& program, const std::vector
   return runs;
 }
 
+namespace {
+
+/// Why scheduler `b` can give exactly `a`'s schedule (the pairs whose policies coincide on some
+/// programs), or "" for a pair with no known reason.
+std::string WhyEqual(const std::string& a, const std::string& b) {
+  auto is = [&](const char* x, const char* y) { return (a == x && b == y) || (a == y && b == x); };
+  if (is("megatron", "megatron-tp-overlap"))
+    return "megatron-tp-overlap chunks a tensor-parallel GEMM with its collective along the micro-batch's "
+           "leading dimension, and found nothing to chunk here (no such collective, or a micro-batch of 1)";
+  if (is("zero", "deepspeed-overlap"))
+    return "deepspeed-overlap changes only how ZeRO's gradient and parameter collectives overlap; the plan "
+           "has no ZeRO sharding, or its collectives were already overlapped";
+  return "";
+}
+
+/// Notes under the table: rows that are the same schedule (and why, where the policies are known
+/// to coincide), and a concerto row whose peak memory differs from every baseline's.
+std::string TableNotes(const std::vector<RunResult>& runs) {
+  std::string out;
+  for (size_t i = 0; i < runs.size(); ++i)
+    for (size_t j = i + 1; j < runs.size(); ++j) {
+      const Summary& a = runs[i].summary;
+      const Summary& b = runs[j].summary;
+      if (std::abs(a.makespan_us - b.makespan_us) > 1e-9 * std::max(1.0, a.makespan_us) ||
+          a.peak_memory_bytes != b.peak_memory_bytes)
+        continue;
+      const std::string why = WhyEqual(a.scheduler, b.scheduler);
+      out += fmt::format("note: {} = {} here{}{}\n", b.scheduler, a.scheduler, why.empty() ? "" : ": ", why);
+    }
+  double baseline_peak = 0;
+  const Summary* concerto = nullptr;
+  for (const auto& r : runs) {
+    if (r.summary.scheduler == "concerto") concerto = &r.summary;
+    else if (r.summary.scheduler != "sequential") baseline_peak = std::max(baseline_peak, double(r.summary.peak_memory_bytes));
+  }
+  if (concerto && baseline_peak > 0 && concerto->peak_memory_bytes > 1.05 * baseline_peak)
+    out += fmt::format(
+        "note: concerto's schedule holds {:.2f} GiB at peak, {:.0f}% more than the most any baseline holds "
+        "({:.2f} GiB): it starts collectives and the next layer's work earlier, so more buffers are alive at "
+        "once; {}\n",
+        concerto->peak_memory_bytes / double(1 << 30), 100 * (concerto->peak_memory_bytes / baseline_peak - 1),
+        baseline_peak / double(1 << 30),
+        concerto->fits_memory ? "within the memory budget (a lower --memory-budget holds concerto to it)"
+                              : "over the memory budget");
+  return out;
+}
+
+}  // namespace
+
 std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& lb, const std::string& title) {
   std::string out = title + "\n";
   out += fmt::format("{:<20} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>10} {:>12}\n", "scheduler", "iteration_ms",
@@ -209,6 +259,7 @@ std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& l
                        s.bound.lower_bound_us / 1e3, r.scheduled.schedule.fusion_groups.size(),
                        s.peak_memory_bytes / double(1 << 30), s.fits_memory ? "" : " OOM");
   }
+  out += TableNotes(runs);
   const int64_t budget = runs.empty() ? 0 : runs.front().summary.memory_budget_bytes;
   if (budget > 0)
     out += fmt::format("memory budget {:.2f} GiB per rank (the device's memory minus its reserve unless "

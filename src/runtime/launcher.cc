@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -76,6 +78,22 @@ Result<int> LaunchWorker(MpirunSpec spec, const WorkerRequest& request, ProcessR
   return runner.Run(*argv);
 }
 
+namespace {
+
+// The running child's process group, and the signal the launcher was asked to stop with (the
+// handlers below; one child at a time).
+volatile sig_atomic_t g_child_group = 0;
+volatile sig_atomic_t g_stop_signal = 0;
+
+/// SIGTERM/SIGINT/SIGHUP while a child runs: passed on to the child's whole process group
+/// (mpirun or torchrun and the ranks they started), so stopping the launcher stops the job.
+void ForwardStop(int sig) {
+  g_stop_signal = sig;
+  if (g_child_group > 0) kill(-static_cast<pid_t>(g_child_group), sig);
+}
+
+}  // namespace
+
 Result<int> SubprocessRunner::Run(const std::vector<std::string>& argv) {
   if (argv.empty()) return Status::Error("no command to run");
   std::vector<char*> args;
@@ -84,16 +102,46 @@ Result<int> SubprocessRunner::Run(const std::vector<std::string>& argv) {
   const pid_t pid = fork();
   if (pid < 0) return Status::Error("cannot start '" + argv[0] + "': " + std::strerror(errno));
   if (pid == 0) {
+    setpgid(0, 0);  // its own process group: the launcher stops all of it at once
     execvp(args[0], args.data());
     // Only reached when exec failed; 127 is the shell's "command not found".
     const std::string msg = "cannot run '" + argv[0] + "': " + std::strerror(errno) + "\n";
     (void)!write(2, msg.data(), msg.size());
     _exit(127);
   }
+  setpgid(pid, pid);  // also here: whichever runs first, the group exists before a signal is passed on
+  g_stop_signal = 0;
+  g_child_group = pid;
+  struct sigaction forward {}, old_term {}, old_int {}, old_hup {};
+  forward.sa_handler = ForwardStop;
+  sigemptyset(&forward.sa_mask);
+  sigaction(SIGTERM, &forward, &old_term);
+  sigaction(SIGINT, &forward, &old_int);
+  sigaction(SIGHUP, &forward, &old_hup);
   int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return Status::Error("waiting for '" + argv[0] + "': " + std::strerror(errno));
+  int waited_ms = 0;
+  Status failed = Status::Ok();
+  for (;;) {
+    // Once asked to stop, the group gets 10 s to end (mpirun passes SIGTERM on to its ranks),
+    // then SIGKILL.
+    const pid_t r = waitpid(pid, &status, g_stop_signal ? WNOHANG : 0);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) {
+      failed = Status::Error("waiting for '" + argv[0] + "': " + std::strerror(errno));
+      break;
+    }
+    if (g_stop_signal && r == 0) {
+      if (waited_ms >= 10000) kill(-pid, SIGKILL);
+      usleep(100 * 1000);
+      waited_ms += 100;
+    }
   }
+  g_child_group = 0;
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
+  if (!failed.ok()) return failed;
+  if (g_stop_signal) return 128 + g_stop_signal;  // the caller cleans up and exits with it
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;

@@ -7,6 +7,7 @@
 
 #include <fstream>
 
+#include "concerto/driver/driver.h"
 #include "concerto/driver/job.h"
 #include "concerto/ir/json_io.h"
 #include "concerto/lower/frontend.h"
@@ -96,6 +97,23 @@ TEST(CompareJob, RunsEverySchedulerThroughTheSamePipeline) {
     ASSERT_TRUE(job.ok()) << job.status().message();
     EXPECT_EQ(WriteSchedule(job->run.scheduled.schedule), WriteSchedule(r.scheduled.schedule)) << one.scheduler;
   }
+}
+
+// The table says why two rows are the same schedule: on a dp-only plan megatron-tp-overlap has no
+// tensor-parallel collective to chunk and deepspeed-overlap no ZeRO collective to overlap.
+TEST(CompareJob, TheTableExplainsRowsThatAreTheSameSchedule) {
+  JobSpec spec;
+  spec.model = "gpt-tiny";
+  spec.plan = "dp=2";
+  spec.cluster = "a800-4x8";
+  Result<CompareResult> compared =
+      CompareJob(spec, {"megatron", "megatron-tp-overlap", "zero", "deepspeed-overlap"});
+  ASSERT_TRUE(compared.ok()) << compared.status().message();
+  const std::string table = CompareTable(compared->runs, compared->input_bound, "t");
+  EXPECT_NE(table.find("note: megatron-tp-overlap = megatron here: megatron-tp-overlap chunks"), std::string::npos)
+      << table;
+  EXPECT_NE(table.find("note: deepspeed-overlap = zero here: deepspeed-overlap changes only"), std::string::npos)
+      << table;
 }
 
 TEST(PrepareJob, RefusesAScheduleThatFailsVerificationBeforeLaunch) {

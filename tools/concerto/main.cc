@@ -41,6 +41,15 @@
 
 namespace {
 
+/// --plan's help, the same for every subcommand: every key the plan parser takes
+/// (docs/frontends.md, "Plans").
+constexpr const char* kPlanHelp =
+    "parallel plan for --model: comma-separated dp=N, tp=N, pp=N, sp, zero=0..3, ep=N (experts), dap=N "
+    "(Evoformer), microbatches=N, vstages=N (interleaved 1F1B), order=tp-dp-pp (mesh axes on the cluster, "
+    "innermost first), recompute=none|selective|full; e.g. dp=4,tp=8,sp or pp=4,tp=8,microbatches=8,vstages=2; "
+    "or a plan file (YAML/JSON)";
+
+
 using namespace concerto;
 
 constexpr int kExitInput = 1;
@@ -1126,7 +1135,7 @@ int RealMain(int argc, char** argv) {
   compare->add_option("--model", compare_model, "lower this model preset or spec file instead of reading FILE");
   std::string compare_sharding;
   auto* compare_plan_opt =
-      compare->add_option("--plan", compare_plan, "parallel plan for --model, e.g. dp=4,tp=8, or a plan file (YAML/JSON)")
+      compare->add_option("--plan", compare_plan, kPlanHelp)
           ->capture_default_str();
   compare->add_option("--sharding", compare_sharding, "per-op sharding file (JSON) for --model, instead of --plan")
       ->excludes(compare_plan_opt);
@@ -1149,7 +1158,7 @@ int RealMain(int argc, char** argv) {
   std::string lower_sharding;
   auto* lower_plan_opt =
       lower->add_option("--plan", lower_plan,
-                        "parallel plan: dp=N,tp=N,pp=N,sp,zero=0..3,microbatches=N,recompute=none|selective|full (e.g. dp=4,tp=8,sp or zero=3,dp=32), or a plan file (YAML/JSON)")
+                        kPlanHelp)
           ->capture_default_str();
   lower->add_option("--sharding", lower_sharding, "per-op sharding file (JSON), instead of --plan")
       ->excludes(lower_plan_opt);
@@ -1172,7 +1181,7 @@ int RealMain(int argc, char** argv) {
   auto* run = app.add_subcommand("run", "execute a program with its schedule for real (MPI processes or threads)");
   run->add_option("FILE", rf.file, "program in the IR's JSON form (or use --model and --plan)");
   run->add_option("--model", rf.model, "lower this model preset or spec file (also names the --check reference)");
-  run->add_option("--plan", rf.plan, "parallel plan for --model, e.g. dp=2, or a plan file (YAML/JSON)")
+  run->add_option("--plan", rf.plan, kPlanHelp)
       ->capture_default_str();
   auto* run_schedule = run->add_option("--schedule", rf.schedule_file, "run this schedule file (it is verified first)");
   run->add_option("--scheduler", rf.scheduler, "make the schedule with this scheduler (default fifo)")

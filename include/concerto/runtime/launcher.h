@@ -46,7 +46,9 @@ class ProcessRunner {
   virtual Result<int> Run(const std::vector<std::string>& argv) = 0;
 };
 
-/// fork + execvp + waitpid.
+/// fork + execvp + waitpid. The child runs in its own process group; a SIGTERM, SIGINT or SIGHUP
+/// the launcher gets meanwhile is passed on to that whole group (SIGKILL after 10 s), and Run
+/// returns 128 + that signal once the child is gone, so the caller can clean up and exit.
 class SubprocessRunner : public ProcessRunner {
  public:
   Result<int> Run(const std::vector<std::string>& argv) override;
