@@ -206,7 +206,13 @@ class Search {
   };
   BaselineRun RunAndMeasure(const std::string& name) const {
     BaselineRun run;
-    run.as_is_sp = RunBaseline(name, program_, cost_, opts_.baselines);
+    BaselineOptions options = opts_.baselines;
+    std::string baseline = name;
+    if (name.rfind("ddp@", 0) == 0) {  // a start of the DDP bucket sweep (StartNames)
+      options.ddp_bucket_bytes = std::stoll(name.substr(4)) << 20;
+      baseline = "ddp";
+    }
+    run.as_is_sp = RunBaseline(baseline, program_, cost_, options);
     if (!run.as_is_sp.ok()) return run;
     run.as_is = Measure(*run.as_is_sp, cost_, opts_.sim);
     if (!run.as_is.ok()) return run;
@@ -222,7 +228,19 @@ class Search {
     return run;
   }
 
-  /// Every baseline, simulated as it is (the fallback: never return worse)
+  /// The baselines, and (ddp_bucket_sweep) DDP at the bucket sizes a careful user tries besides the configured one
+  /// ("ddp@1MiB", "ddp@5MiB": PyTorch's bucket_cap_mb; on a slow link small buckets start the
+  /// gradient all-reduces early in the backward, and torch's own DDP at 1 MiB beat the 25 MiB
+  /// default by 1.35x on the torch testbed at 1 Gbit/s: docs/results.md).
+  std::vector<std::string> StartNames() const {
+    std::vector<std::string> names = BaselineNames();
+    if (opts_.ddp_bucket_sweep)
+      for (int64_t mib : {1, 5})
+        if (opts_.baselines.ddp_bucket_bytes != (mib << 20)) names.push_back("ddp@" + std::to_string(mib) + "MiB");
+    return names;
+  }
+
+  /// Every start (StartNames), simulated as it is (the fallback: never return worse)
   /// and with its ordering edges stripped (the starting point). Only
   /// schedules under the memory budget qualify.
   Status PickIncumbent() {
@@ -237,7 +255,7 @@ class Search {
     };
     // Baselines are scheduled and measured opts_.threads at a time (they are
     // independent) and considered in their fixed order, as one at a time.
-    const std::vector<std::string> names = BaselineNames();
+    const std::vector<std::string> names = StartNames();
     const size_t at_once = static_cast<size_t>(std::max(1, opts_.threads));
     for (size_t first = 0; first < names.size(); first += at_once) {
       std::vector<std::future<BaselineRun>> runs;
@@ -897,6 +915,10 @@ const std::vector<OptionRecord<ConcertoOptions>>& ConcertoOptionRecords() {
        "concerto: also start from critical-path list schedules (pipelines: free and in program order); 0: from "
        "the baselines only",
        &ConcertoOptions::list_schedule},
+      {"ddp-bucket-sweep", "0/1", 0, 1,
+       "concerto: also start from DDP with 1 and 5 MiB buckets besides --ddp-bucket (the sizes a careful user "
+       "tries); 0: the baselines as configured only",
+       &ConcertoOptions::ddp_bucket_sweep},
       {"threads", "threads", 1, 256,
        "concerto: baselines measured this many at a time; with --batch-windows 1 the threads that solve each "
        "batch, else 2 solves the next window ahead on a second thread (speed only: the schedule is the same)",

@@ -691,7 +691,10 @@ TEST(CostProfileTest, BadFilesNameFileAndEntry) {
   const std::string good = "{\"device\": \"d\", \"signature\": \"s\", \"duration_us\": 1}";
   const std::vector<Case> cases = {
       {"p1.json", head + "[" + good + ", {\"device\": \"d\", \"signature\": \"t\", \"duration_us\": -1}]}",
-       "p1.json: entry 1: field 'duration_us': must be a finite non-negative number, got -1"},
+       "p1.json: entry 1: field 'duration_us': must be a number in [0, 1e12] us, got -1"},
+      // Near DBL_MAX: refused where it is read (a sum over a step's ops must stay finite).
+      {"p1b.json", head + "[{\"device\": \"d\", \"signature\": \"t\", \"duration_us\": 1.7e308}]}",
+       "p1b.json: entry 0: field 'duration_us': must be a number in [0, 1e12] us, got 1.7e+308"},
       {"p2.json", head + "[{\"device\": \"d\", \"signature\": 3, \"duration_us\": 1}]}",
        "p2.json: entry 0: field 'signature': must be a non-empty string, got 3"},
       {"p3.json", head + "[{\"device\": \"d\", \"signature\": \"s\", \"duration_us\": 1, \"when\": 0}]}",

@@ -318,7 +318,9 @@ namespace concerto {
 namespace {
 
 // gpt-tiny under dp=4 on commodity-4x8: DDP's buckets make the best baseline
-// (fewer, larger all-reduces: less latency), and the list schedule of DDP's
+// (fewer, larger all-reduces: less latency), with 1 MiB buckets (the sweep's
+// start "ddp@1MiB": gpt-tiny's gradients fill less than one 25 MiB bucket, so
+// smaller buckets start all-reducing earlier), and the list schedule of DDP's
 // bucketed program beats DDP's own order, so the search starts there. The
 // list schedule of the input program (one all-reduce per gradient) does not
 // (its latency is paid per tensor).
@@ -329,8 +331,8 @@ TEST(ConcertoScheduler, StartsFromTheListScheduleOfTheBestBaselinesRewrittenProg
   ConcertoReport report;
   Result<ScheduledProgram> sp = RunConcerto(p, cost, o, &report);
   ASSERT_TRUE(sp.ok()) << sp.status().message();
-  EXPECT_EQ(report.incumbent, "ddp");
-  EXPECT_EQ(report.start, "list+ddp");
+  EXPECT_EQ(report.incumbent, "ddp@1MiB");
+  EXPECT_EQ(report.start, "list+ddp@1MiB");
   EXPECT_LT(report.start_makespan_us, report.incumbent_makespan_us);
   EXPECT_LE(report.final_makespan_us, report.start_makespan_us);
   EXPECT_TRUE(VerifySchedule(sp->program, sp->schedule).empty());
@@ -346,6 +348,14 @@ TEST(ConcertoScheduler, StartsFromTheListScheduleOfTheBestBaselinesRewrittenProg
   ConcertoReport plain;
   ASSERT_TRUE(RunConcerto(p, cost, o, &plain).ok());
   EXPECT_EQ(plain.start.rfind("list", 0), std::string::npos) << plain.start;
+  // Without the bucket sweep (--ddp-bucket-sweep 0) only the configured DDP is a start.
+  EXPECT_TRUE(ToConcertoOptions(cli).ddp_bucket_sweep);
+  ASSERT_TRUE(cli.Set("ddp-bucket-sweep", 0).ok());
+  EXPECT_FALSE(ToConcertoOptions(cli).ddp_bucket_sweep);
+  o.ddp_bucket_sweep = false;
+  ConcertoReport configured;
+  ASSERT_TRUE(RunConcerto(p, cost, o, &configured).ok());
+  EXPECT_EQ(configured.incumbent, "ddp");
 }
 
 }  // namespace

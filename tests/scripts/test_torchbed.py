@@ -31,7 +31,7 @@ class TorchbedSmoke(unittest.TestCase):
         cls.out = tempfile.mkdtemp(prefix="torchbed-smoke-")
         env = dict(os.environ, NETNS="0", SIZE="tiny", ROUNDS="2", WARMUP="1", STEPS="1",
                    WORKLOADS=" ".join(WORKLOADS), OUT=cls.out, PY=PY)
-        cls.run = subprocess.run(["bash", SCRIPT, BUILD], env=env, cwd=ROOT, capture_output=True, text=True,
+        cls.result = subprocess.run(["bash", SCRIPT, BUILD], env=env, cwd=ROOT, capture_output=True, text=True,
                                  timeout=1200)
 
     @classmethod
@@ -39,7 +39,7 @@ class TorchbedSmoke(unittest.TestCase):
         shutil.rmtree(cls.out, ignore_errors=True)
 
     def summary(self):
-        self.assertEqual(self.run.returncode, 0, self.run.stderr[-4000:])
+        self.assertEqual(self.result.returncode, 0, self.result.stderr[-4000:])
         with open(os.path.join(self.out, "torchbed.json")) as f:
             return {w["workload"]: w for w in json.load(f)["workloads"]}
 

@@ -93,6 +93,9 @@ struct ConcertoOptions {
   /// roles (CriticalPathListSchedule) as a starting point besides the
   /// stripped baselines (docs/concerto.md, step 1).
   bool list_schedule = true;
+  /// Also start from DDP with 1 and 5 MiB gradient buckets besides the configured
+  /// size (ConcertoScheduler's StartNames).
+  bool ddp_bucket_sweep = true;
   int64_t memory_budget_bytes = 0;   // peak memory per rank to stay under; 0: none
   SimOptions sim;                    // how candidates are simulated
   BaselineOptions baselines;         // for the incumbent
