@@ -228,8 +228,8 @@ std::string TableNotes(const std::vector<RunResult>& runs) {
   if (concerto && baseline_peak > 0 && concerto->peak_memory_bytes > 1.05 * baseline_peak)
     out += fmt::format(
         "note: concerto's schedule holds {:.2f} GiB at peak, {:.0f}% more than the most any baseline holds "
-        "({:.2f} GiB): it starts collectives and the next layer's work earlier, so more buffers are alive at "
-        "once; {}\n",
+        "({:.2f} GiB): its order keeps more activations, gradients or chunk buffers alive at once (what "
+        "overlapping costs); {}\n",
         concerto->peak_memory_bytes / double(1 << 30), 100 * (concerto->peak_memory_bytes / baseline_peak - 1),
         baseline_peak / double(1 << 30),
         concerto->fits_memory ? "within the memory budget (a lower --memory-budget holds concerto to it)"
