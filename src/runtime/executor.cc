@@ -9,10 +9,16 @@
 #include <cassert>
 #include <chrono>
 #include <condition_variable>
+#include <climits>
 #include <cstring>
+#include <fstream>
 #include <memory>
+#include <set>
 #include <mutex>
 #include <thread>
+
+#include <fmt/format.h>
+#include <unistd.h>
 
 #include "concerto/ir/graph_index.h"
 #include "concerto/ir/verifier.h"
@@ -501,6 +507,63 @@ const RankTensors& ExecutionResult::Rank(int rank) const {
   return ranks[rank];
 }
 
+double RuntimeMemoryLowerBoundBytes(const Program& program, int rank) {
+  const int role = program.RoleOfRank(rank);
+  if (role < 0) return 0;  // a rank without a role holds nothing (CheckRunnable names it)
+  const Graph& g = program.GraphOf(program.roles[static_cast<size_t>(role)]);
+  const GraphIndex index = GraphIndex::Build(g);
+  auto bytes = [&](const std::string& name) {
+    auto it = index.tensor.find(name);
+    if (it == index.tensor.end()) return 0.0;
+    const Tensor& t = g.tensors[it->second];
+    const double width = t.dtype == DType::kI64 ? 8 : 4;  // floats computed in fp32
+    return width * static_cast<double>(t.NumElements());
+  };
+  std::set<std::string> produced;
+  for (const Op& op : g.ops) produced.insert(op.outputs.begin(), op.outputs.end());
+  double inputs = 0;
+  for (const Tensor& t : g.tensors)
+    if (!produced.count(t.name)) inputs += bytes(t.name);
+  double largest_op = 0;
+  for (const Op& op : g.ops) {
+    double own = 0;
+    for (const std::string& name : op.outputs) own += bytes(name);
+    for (const std::string& name : op.inputs)
+      if (produced.count(name)) own += bytes(name);
+    largest_op = std::max(largest_op, own);
+  }
+  return inputs + largest_op;
+}
+
+int64_t HostMemoryAvailableBytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (meminfo >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  const long pages = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
+}
+
+Status CheckHostMemory(const Program& program, const std::vector<int>& ranks, int64_t available_bytes) {
+  if (ranks.empty()) return Status::Ok();
+  double need = 0, most = 0;
+  for (int r : ranks) {
+    const double b = RuntimeMemoryLowerBoundBytes(program, r);
+    need += b;
+    most = std::max(most, b);
+  }
+  const int64_t available = available_bytes > 0 ? available_bytes : HostMemoryAvailableBytes();
+  if (need <= static_cast<double>(available)) return Status::Ok();
+  constexpr double kGiB = 1024.0 * 1024 * 1024;
+  return Status::Error(fmt::format(
+      "program '{}': {} rank(s) on this host need at least {:.2f} GiB of memory ({:.2f} GiB for the largest: its "
+      "inputs, parameters and optimizer state, and its largest op's operands, in fp32), but {:.2f} GiB is "
+      "available; run fewer ranks per host (MPI across machines) or a smaller model",
+      program.name, ranks.size(), need / kGiB, most / kGiB, available / kGiB));
+}
+
 Status CheckRunnable(const ScheduledProgram& sp) {
   CONCERTO_RETURN_IF_ERROR(CheckProgram(sp.program, "program '" + sp.program.name + "'"));
   const std::vector<std::string> violations = VerifySchedule(sp.program, sp.schedule);
@@ -595,8 +658,11 @@ Result<ExecutionResult> RunInProcessSteps(const ScheduledProgram& sp, const RunO
                                     std::vector<std::vector<std::vector<OpRecord>>>* per_step) {
   if (steps < 1) return Status::Error("steps must be at least 1, got " + std::to_string(steps));
   CONCERTO_RETURN_IF_ERROR(CheckRunnable(sp));
-  SetBlasThreads(options.blas_threads);
   const int n = sp.program.mesh.NumRanks();
+  std::vector<int> all_ranks(n);
+  for (int r = 0; r < n; ++r) all_ranks[r] = r;
+  CONCERTO_RETURN_IF_ERROR(CheckHostMemory(sp.program, all_ranks, options.host_memory_bytes));
+  SetBlasThreads(options.blas_threads);
   FakeWorldOptions world_options;
   world_options.timeout_s = options.timeout_s;
   FakeWorld world(n, world_options);
@@ -608,20 +674,29 @@ Result<ExecutionResult> RunInProcessSteps(const ScheduledProgram& sp, const RunO
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
-      Result<std::unique_ptr<RankSession>> session = RankSession::Create(sp, world.endpoint(r), options);
-      if (!session.ok()) {
-        status[r] = session.status();
-        return;
-      }
-      for (int i = 0; i < steps; ++i) {
-        Result<std::vector<OpRecord>> step = (*session)->Step();
-        if (!step.ok()) {
-          status[r] = step.status();
+      // Past CheckHostMemory's lower bound the host can still run out (the bound is not the
+      // peak): an allocation that fails ends the job with an error, not the process.
+      try {
+        Result<std::unique_ptr<RankSession>> session = RankSession::Create(sp, world.endpoint(r), options);
+        if (!session.ok()) {
+          status[r] = session.status();
           return;
         }
-        records[r].push_back(std::move(step).value());
-        peaks[r] = std::max(peaks[r], (*session)->PeakMemoryBytes());
-        if (i == 0) tensors[r] = steps == 1 ? (*session)->TakeTensors() : (*session)->Tensors();
+        for (int i = 0; i < steps; ++i) {
+          Result<std::vector<OpRecord>> step = (*session)->Step();
+          if (!step.ok()) {
+            status[r] = step.status();
+            return;
+          }
+          records[r].push_back(std::move(step).value());
+          peaks[r] = std::max(peaks[r], (*session)->PeakMemoryBytes());
+          if (i == 0) tensors[r] = steps == 1 ? (*session)->TakeTensors() : (*session)->Tensors();
+        }
+      } catch (const std::bad_alloc&) {
+        const std::string why = "rank " + std::to_string(r) + " ran out of host memory (program '" +
+                                sp.program.name + "'): run fewer ranks per host or a smaller model";
+        world.endpoint(r).Abort(why);
+        status[r] = Status::Error(why);
       }
     });
   for (std::thread& t : threads) t.join();

@@ -823,6 +823,51 @@ TEST(Executor, RefusesAScheduleThatFailsVerification) {
   EXPECT_HAS(run.status().message(), "schedule 'fifo' is refused: it fails verification");
 }
 
+// Host memory is checked before anything is allocated: gpt-tiny dp=2 needs at least its two ranks'
+// inputs and largest op (RuntimeMemoryLowerBoundBytes), so a host with less is refused naming the
+// figures, and one with more runs.
+TEST(Executor, RefusesARunWhoseMemoryCannotFitTheHost) {
+  const Lowered l = Lower({"gpt-tiny", "dp=2", "fifo"});
+  ScheduledProgram sp = Schedule(l.program, "fifo");
+  const double rank0 = RuntimeMemoryLowerBoundBytes(sp.program, 0);
+  EXPECT_GT(rank0, 0);
+  EXPECT_EQ(RuntimeMemoryLowerBoundBytes(sp.program, 1), rank0);  // dp ranks are alike
+  RunOptions small;
+  small.host_memory_bytes = static_cast<int64_t>(rank0);  // one rank fits, two do not
+  Result<ExecutionResult> run = RunInProcess(sp, small);
+  ASSERT_FALSE(run.ok());
+  EXPECT_HAS(run.status().message(), "2 rank(s) on this host need at least");
+  EXPECT_HAS(run.status().message(), "run fewer ranks per host");
+  RunOptions enough;
+  enough.host_memory_bytes = static_cast<int64_t>(4 * rank0);
+  EXPECT_TRUE(RunInProcess(sp, enough).ok());
+  // A valid program far larger than any host: a 2^17 x 2^17 matmul (64 GiB per operand).
+  Program big;
+  big.name = "big";
+  Graph g;
+  g.name = "main";
+  for (const char* name : {"a", "b", "c"}) {
+    Tensor t;
+    t.name = name;
+    t.shape = {1 << 17, 1 << 17};
+    g.tensors.push_back(t);
+  }
+  Op mm;
+  mm.id = 0;
+  mm.name = "mm";
+  mm.kind = OpKind::kCompute;
+  mm.compute_type = ComputeType::kMatmul;
+  mm.inputs = {"a", "b"};
+  mm.outputs = {"c"};
+  g.ops.push_back(mm);
+  big.graphs.push_back(g);
+  big.roles.push_back({"main", "main", {0}});
+  EXPECT_GT(RuntimeMemoryLowerBoundBytes(big, 0), 3 * 64.0 * (1 << 30) - 1);
+  Status host = CheckHostMemory(big, {0}, int64_t{24} << 30);
+  ASSERT_FALSE(host.ok());
+  EXPECT_HAS(host.message(), "need at least 192.00 GiB");
+}
+
 TEST(Executor, RefusesAnInvalidProgram) {
   Program p = FusedCollectiveProgram();
   p.graphs[0].tensors[2].shape = {3, 3};  // ar0 no longer matches p0

@@ -33,6 +33,7 @@
 #include "concerto/lower/vision.h"
 #include "concerto/report/report.h"
 #include "concerto/schedule/window_solver.h"
+#include "concerto/runtime/executor.h"
 #include "concerto/runtime/launcher.h"
 #include "concerto/runtime/flight_recorder.h"
 #include "concerto/profile/profile.h"
@@ -610,6 +611,11 @@ int CmdRun(const RunFlags& rf, const CommonFlags& flags) {
       std::cout << MeasuredJobText(*sp, *job, **cost, predicted);
     }
     return 0;
+  }
+  if (!rf.dry_run) {  // every rank of the job runs on this host (mpirun's local launch)
+    std::vector<int> all_ranks(ranks);
+    for (int r = 0; r < ranks; ++r) all_ranks[r] = r;
+    if (Status s = CheckHostMemory(sp->program, all_ranks); !s.ok()) return Fail(s);
   }
   Result<std::string> dir = SelfExeDir();
   if (!dir.ok()) return Fail(dir.status());

@@ -38,7 +38,24 @@ struct RunOptions {
   /// (`ok`: it succeeded), before a failure aborts the job. Tools record
   /// the ops in flight with the two hooks (FlightRecorder).
   std::function<void(int rank, int op_index, const Op& op, bool ok)> after_op;
+  /// Host memory the run may use, in bytes; 0: what /proc/meminfo calls
+  /// MemAvailable (HostMemoryAvailableBytes). Tests give a figure.
+  int64_t host_memory_bytes = 0;
 };
+
+/// A lower bound of the host memory rank `rank` of `program` holds at once in
+/// the runtime (floats in fp32, as it computes): its graph's inputs
+/// (parameters, optimizer state, data; alive for the whole step) and, for the
+/// op that needs the most, the other tensors it reads and writes.
+double RuntimeMemoryLowerBoundBytes(const Program& program, int rank);
+
+/// MemAvailable from /proc/meminfo (else the free physical pages), in bytes.
+int64_t HostMemoryAvailableBytes();
+
+/// An error naming the figures when `ranks` of `program` run in this host's
+/// memory (`available_bytes`; 0: HostMemoryAvailableBytes()) cannot fit even
+/// their lower bounds: checked before anything is allocated.
+Status CheckHostMemory(const Program& program, const std::vector<int>& ranks, int64_t available_bytes = 0);
 
 /// One rank's tensors after the step (fp32, by tensor name).
 struct RankTensors {
