@@ -27,7 +27,7 @@
 #
 # usage: scripts/torchbed.sh [BUILD_DIR]   (env: RATES="1gbit 10gbit" BURST=256kb LATENCY=50ms
 #        WORKLOADS="gpt2-dp2 gpt2-zero3 llama-tp2" SIZE=bench ROUNDS=5 WARMUP=1 STEPS=3
-#        MAX_BYTES=67108864 MAX_LOSS_DIFF=1e-4 OUT=BUILD_DIR/torchbed PY=(scripts/setup_torch.sh's python)
+#        MAX_BYTES=67108864 PROFILE_REPS=3 KERNEL_PASSES=3 MAX_LOSS_DIFF=1e-4 OUT=BUILD_DIR/torchbed PY=(scripts/setup_torch.sh's python)
 #        NETNS=1 (0: no namespace and no shaping, the plain loopback: what CI's smoke runs, no root)
 #        ONLY_PREDICT=0 (1: keep an earlier run's measurements in OUT, redo only step 5))
 set -euo pipefail
@@ -42,11 +42,14 @@ ROUNDS=${ROUNDS:-5}
 WARMUP=${WARMUP:-1}
 STEPS=${STEPS:-3}
 MAX_BYTES=${MAX_BYTES:-67108864}
+PROFILE_REPS=${PROFILE_REPS:-3}      # concerto profile --reps
+KERNEL_PASSES=${KERNEL_PASSES:-3}    # concerto profile --kernel-passes
 # fp32: the variants sum gradients in different orders (buckets, shards), so after tens of Adam
 # steps their losses differ in the last digits, not more.
 MAX_LOSS_DIFF=${MAX_LOSS_DIFF:-1e-4}
 OUT_ROOT=${OUT:-$BUILD/torchbed}
 NETNS=${NETNS:-1}
+[[ $NETNS == 1 ]] || RATES=unshaped  # no namespace: one pass over the plain loopback
 ONLY_PREDICT=${ONLY_PREDICT:-0}
 HERE=$(cd "$(dirname "$0")" && pwd)
 CONCERTO=$BUILD/concerto
@@ -80,8 +83,8 @@ measure() {
   echo "torchbed: $W at $RATE (files in $OUT)" >&2
   "$PY" "$HERE/torchbed.py" prepare --workload "$W" --size "$SIZE" --out "$OUT"
   ranks=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['ranks'])" "$OUT/workload.json")
-  in_ns "$CONCERTO" profile --program "$OUT/program.json" --out-dir "$OUT" --max-bytes "$MAX_BYTES" --reps 3 \
-    --json > "$OUT/profile.summary.json"
+  in_ns "$CONCERTO" profile --program "$OUT/program.json" --out-dir "$OUT" --max-bytes "$MAX_BYTES" \
+    --reps "$PROFILE_REPS" --kernel-passes "$KERNEL_PASSES" --json > "$OUT/profile.summary.json"
   torchrun "$ranks" run --workload "$W" --size "$SIZE" --out "$OUT/kernels" --variants engine-sequential \
     --rounds 1 --warmup "$WARMUP" --steps "$STEPS" --cluster "$OUT/cpu-local.json" --profile "$OUT/profile.json" \
     --trace engine-sequential

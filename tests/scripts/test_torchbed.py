@@ -29,8 +29,10 @@ class TorchbedSmoke(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.out = tempfile.mkdtemp(prefix="torchbed-smoke-")
+        # The profile at its quickest (one rep, one kernel pass, collectives up to 1 MiB).
         env = dict(os.environ, NETNS="0", SIZE="tiny", ROUNDS="2", WARMUP="1", STEPS="1",
-                   WORKLOADS=" ".join(WORKLOADS), OUT=cls.out, PY=PY)
+                   WORKLOADS=" ".join(WORKLOADS), OUT=cls.out, PY=PY, PROFILE_REPS="1", KERNEL_PASSES="1",
+                   MAX_BYTES="1048576")
         cls.result = subprocess.run(["bash", SCRIPT, BUILD], env=env, cwd=ROOT, capture_output=True, text=True,
                                  timeout=1200)
 
