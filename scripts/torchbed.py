@@ -217,6 +217,27 @@ def cmd_prepare(a):
     return 0
 
 
+def _start():
+    """The torchrun job's gloo group, and each rank's compute threads (cores / ranks): (rank, world)."""
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    return rank, world
+
+
+def _finish(made=None):
+    """Ends the engine variants' waiter threads and the process group (after every rank is done)."""
+    import torch.distributed as dist
+    for v in (made or {}).values():
+        if isinstance(v, EngineVariant):
+            v.trainer.engine.close()
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
 def make_variants(a, variants, say):
     """Every variant, built in order on every rank: each starts from the same initial values (one
     seeded init, copied) and draws the same batch sequence (its own generator from the same seed)."""
@@ -251,9 +272,7 @@ def cmd_explain(a):
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    rank, world = _start()
     variants = a.variants.split(",") if a.variants else default_variants(a.workload)
     made, feeds = make_variants(a, variants, lambda m: None)
     out = {}
@@ -261,6 +280,8 @@ def cmd_explain(a):
         for _ in range(a.warmup):
             made[v].step(*next(feeds[v]))
         rows = []
+        types = ({o["id"]: o.get("type") for o in made[v].trainer.program.to_dict()["graphs"][0]["ops"]}
+                 if v.startswith("engine-") else {})
         for _ in range(a.steps):
             dist.barrier()
             ids, labels = next(feeds[v])
@@ -270,7 +291,6 @@ def cmd_explain(a):
                 made[v].step(ids, labels, trace=events)
                 wall = (time.perf_counter() - t0) * 1e3
                 mine = [e for e in events if e["cat"] == "compute"]
-                types = {o["id"]: o.get("type") for o in made[v].trainer.program.to_dict()["graphs"][0]["ops"]}
                 kernels = sum(e["dur"] for e in mine) / 1e3
                 gemm = sum(e["dur"] for e in mine if types.get(e["args"]["id"]) in ("matmul", "attention",
                                                                                       "attention_grad")) / 1e3
@@ -292,22 +312,17 @@ def cmd_explain(a):
                 gemm = sum(e.self_cpu_time_total for e in prof.events() if e.name in _GEMMS) / 1e3
                 n = len(main)
             rows.append({"wall_ms": wall, "kernels_ms": kernels, "gemm_ms": gemm, "kernel_calls": n})
-        best = sorted(rows, key=lambda r: r["wall_ms"])[len(rows) // 2]
-        best["rest_ms"] = best["wall_ms"] - best["kernels_ms"]
-        out[v] = best
+        mid = sorted(rows, key=lambda r: r["wall_ms"])[len(rows) // 2]  # the median step
+        mid["rest_ms"] = mid["wall_ms"] - mid["kernels_ms"]
+        out[v] = mid
         if rank == 0:
             print("torchbed: %-16s step %7.1f ms: kernels %7.1f ms (GEMMs %7.1f, %4d top-level calls), rest %7.1f ms"
-                  % (v, best["wall_ms"], best["kernels_ms"], best["gemm_ms"], best["kernel_calls"], best["rest_ms"]),
+                  % (v, mid["wall_ms"], mid["kernels_ms"], mid["gemm_ms"], mid["kernel_calls"], mid["rest_ms"]),
                   file=sys.stderr, flush=True)
     if rank == 0 and a.out:
         with open(os.path.join(a.out, "explain.json"), "w") as f:
             json.dump({"workload": a.workload, "size": a.size, "variants": out}, f, indent=1)
-    for v in made.values():
-        if isinstance(v, EngineVariant):
-            v.trainer.engine.close()
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return _finish(made)
 
 
 def cmd_collectives(a):
@@ -320,9 +335,7 @@ def cmd_collectives(a):
     import torch.distributed as dist
     import concerto
     from concerto.engine import Engine
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    rank, world = _start()
     measured, device = {}, None
     for path in sorted(glob.glob(os.path.join(a.out, "engine-*.program.json")) +
                        glob.glob(os.path.join(a.out, "model-*.program.json"))):
@@ -377,20 +390,16 @@ def cmd_collectives(a):
             json.dump({"device": device, "reps": a.reps, "collectives_us": measured}, f, indent=1)
         print("torchbed: %d collectives over gloo -> %s" % (len(measured), os.path.join(a.out, "gloo", "profile.json")),
               file=sys.stderr)
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return _finish()
 
 
 def cmd_run(a):
     import torch
     import torch.distributed as dist
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = _start()
     w = WORKLOADS[a.workload]
     if world != w["ranks"]:
         raise SystemExit("torchbed: workload %s needs %d ranks, torchrun started %d" % (a.workload, w["ranks"], world))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     variants = a.variants.split(",") if a.variants else default_variants(a.workload)
     if a.trace and (a.trace not in variants or not a.trace.startswith("engine-")):
         raise SystemExit("torchbed: --trace %s: not an engine variant of this run (%s)" % (a.trace, ",".join(variants)))
@@ -437,12 +446,7 @@ def cmd_run(a):
         with open(os.path.join(a.out, "measured.json"), "w") as f:
             json.dump(out, f, indent=1)
         say("wrote %s" % os.path.join(a.out, "measured.json"))
-    for v in made.values():
-        if isinstance(v, EngineVariant):
-            v.trainer.engine.close()
-    dist.barrier()
-    dist.destroy_process_group()
-    return 0
+    return _finish(made)
 
 
 def _ranked_pairs(rows):

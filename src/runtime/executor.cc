@@ -12,6 +12,7 @@
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <set>
 #include <mutex>
@@ -549,10 +550,12 @@ int64_t HostMemoryAvailableBytes() {
 Status CheckHostMemory(const Program& program, const std::vector<int>& ranks, int64_t available_bytes) {
   if (ranks.empty()) return Status::Ok();
   double need = 0, most = 0;
+  std::map<int, double> per_role;  // a role's ranks hold alike: its graph is walked once
   for (int r : ranks) {
-    const double b = RuntimeMemoryLowerBoundBytes(program, r);
-    need += b;
-    most = std::max(most, b);
+    auto [at, fresh] = per_role.try_emplace(program.RoleOfRank(r), 0.0);
+    if (fresh) at->second = RuntimeMemoryLowerBoundBytes(program, r);
+    need += at->second;
+    most = std::max(most, at->second);
   }
   const int64_t available = available_bytes > 0 ? available_bytes : HostMemoryAvailableBytes();
   if (need <= static_cast<double>(available)) return Status::Ok();

@@ -234,7 +234,12 @@ class Search {
   /// default by 1.35x on the torch testbed at 1 Gbit/s: docs/results.md).
   std::vector<std::string> StartNames() const {
     std::vector<std::string> names = BaselineNames();
-    if (opts_.ddp_bucket_sweep)
+    // Without an all-reduce there is nothing for DDP to bucket: the sweep would repeat ddp.
+    bool all_reduces = false;
+    for (const Graph& g : program_.graphs)
+      for (const Op& op : g.ops)
+        all_reduces = all_reduces || (op.kind == OpKind::kCollective && op.collective == CollectiveType::kAllReduce);
+    if (opts_.ddp_bucket_sweep && all_reduces)
       for (int64_t mib : {1, 5})
         if (opts_.baselines.ddp_bucket_bytes != (mib << 20)) names.push_back("ddp@" + std::to_string(mib) + "MiB");
     return names;
