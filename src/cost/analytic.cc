@@ -1,5 +1,7 @@
 // The analytic cost model: roofline compute and alpha-beta collectives.
 // Formulas and their sources: docs/cost-model.md.
+#include <unordered_map>
+#include <mutex>
 #include <algorithm>
 #include <array>
 #include <cassert>
@@ -63,12 +65,7 @@ double PeakTflops(const DeviceSpec& device, DType dtype) {
 bool UsesMatmulEfficiency(ComputeType type) { return OpInfo(type).kernel_class == KernelClass::kTensorCore; }
 
 /// How a group sits on the cluster's nodes.
-struct GroupLayout {
-  int ranks = 0;      // group size
-  int nodes = 0;      // distinct nodes spanned
-  int max_local = 0;  // most group ranks on one node
-  int min_local = 0;  // fewest group ranks on a spanned node
-};
+using GroupLayout = AnalyticCostModel::GroupLayout;
 
 /// Counts ranks per node for `group_ranks`.
 GroupLayout Layout(const ClusterSpec& cluster, const std::vector<int>& group_ranks) {
@@ -246,9 +243,31 @@ PricedOp AnalyticCostModel::Price(const Op& op, const PriceContext& ctx) const {
   return {us, CostSource::kAnalytic, {}};
 }
 
+struct AnalyticCostModel::LayoutCache {
+  std::mutex mu;
+  std::unordered_map<std::string, GroupLayout> layouts;
+};
+
+AnalyticCostModel::AnalyticCostModel(ClusterSpec cluster)
+    : cluster_(std::move(cluster)), layouts_(std::make_shared<LayoutCache>()) {}
+
+AnalyticCostModel::GroupLayout AnalyticCostModel::LayoutOf(const Op& op, const PriceContext& ctx) const {
+  std::string key;
+  for (const MeshAxis& a : ctx.mesh.axes) key += a.name + ":" + std::to_string(a.size) + ",";
+  key += "|" + GroupSpecKey(op.group) + "|" + std::to_string(ctx.rank);
+  {
+    std::lock_guard<std::mutex> lock(layouts_->mu);
+    auto it = layouts_->layouts.find(key);
+    if (it != layouts_->layouts.end()) return it->second;
+  }
+  const GroupLayout g = Layout(cluster_, GroupRanks(ctx.mesh, op.group, ctx.rank));
+  std::lock_guard<std::mutex> lock(layouts_->mu);
+  layouts_->layouts.emplace(std::move(key), g);
+  return g;
+}
+
 CommTime AnalyticCostModel::CommTimeOf(const Op& op, const PriceContext& ctx) const {
-  if (op.kind == OpKind::kCollective)
-    return CollectiveTime(op.collective, op.message_bytes, GroupRanks(ctx.mesh, op.group, ctx.rank));
+  if (op.kind == OpKind::kCollective) return CollectiveTimeOf(op.collective, op.message_bytes, LayoutOf(op, ctx));
   assert((op.kind == OpKind::kSend || op.kind == OpKind::kRecv) && "not a communication op");
   return SendRecvTime(op.message_bytes, ctx.rank, PeerRank(ctx.mesh, op.peer, ctx.rank));
 }
@@ -369,7 +388,10 @@ double AnalyticCostModel::ComputeUs(const Op& op, const PriceContext& ctx) const
 
 CommTime AnalyticCostModel::CollectiveTime(CollectiveType type, int64_t bytes,
                                            const std::vector<int>& group_ranks) const {
-  const GroupLayout g = Layout(cluster_, group_ranks);
+  return CollectiveTimeOf(type, bytes, Layout(cluster_, group_ranks));
+}
+
+CommTime AnalyticCostModel::CollectiveTimeOf(CollectiveType type, int64_t bytes, const GroupLayout& g) const {
   if (g.ranks <= 1) return {cluster_.device.launch_overhead_us, 0, 0, false};  // a local copy at most
   const double s = static_cast<double>(std::max<int64_t>(bytes, 0));
   const std::string& algo = cluster_.collective_algorithm;

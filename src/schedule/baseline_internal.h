@@ -44,8 +44,11 @@ struct LaunchKey {
 };
 
 /// Kahn's algorithm choosing the smallest (key, index) among ready ops:
-/// the topological order closest to `keys`. Asserts the graph is acyclic.
-std::vector<int> PriorityOrder(const GraphIndex& index, const std::vector<LaunchKey>& keys);
+/// the topological order closest to `keys`, in which the sends and recvs of
+/// each stream keep their topological order (a recv, free of local
+/// predecessors, never goes ahead of an earlier send on its stream: that
+/// deadlocks a pipeline across ranks). Asserts the graph is acyclic.
+std::vector<int> PriorityOrder(const Graph& graph, const GraphIndex& index, const std::vector<LaunchKey>& keys);
 
 /// Key of an op that keeps its program position `pos`.
 inline LaunchKey KeepKey(int pos) { return {2 * static_cast<int64_t>(pos), 0}; }

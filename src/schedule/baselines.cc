@@ -5,6 +5,7 @@
 #include <cassert>
 #include <climits>
 #include <map>
+#include <numeric>
 #include <optional>
 #include <queue>
 #include <set>
@@ -29,9 +30,38 @@ Result<std::vector<int>> ProgramPositions(const Graph& graph, const GraphIndex& 
   return pos;
 }
 
-std::vector<int> PriorityOrder(const GraphIndex& index, const std::vector<LaunchKey>& keys) {
+namespace {
+
+/// `succs` plus an edge from each send or recv to the next one on its stream
+/// in `order` (op indices).
+std::vector<std::vector<int>> ChainP2p(const Graph& graph, std::vector<std::vector<int>> succs,
+                                       const std::vector<int>& order) {
+  std::map<std::string, int> last;  // stream -> its last send/recv so far
+  for (int i : order) {
+    const Op& op = graph.ops[i];
+    if (op.kind != OpKind::kSend && op.kind != OpKind::kRecv) continue;
+    auto [it, first] = last.emplace(op.stream, i);
+    if (!first) succs[it->second].push_back(i), it->second = i;
+  }
+  return succs;
+}
+
+}  // namespace
+
+std::vector<int> PriorityOrder(const Graph& graph, const GraphIndex& index, const std::vector<LaunchKey>& keys) {
+  // The sends and recvs of one stream keep the program's order: a recv has
+  // no local predecessor, so the keys alone could take it (and the ops after
+  // it on its stream) ahead of a send that the peer needs first, and a
+  // pipeline would deadlock across ranks. Program order is the ops' order in
+  // the graph (a fused collective is appended, but sends and recvs are never
+  // fused); should that close a cycle, a topological order's.
+  std::vector<int> program(graph.ops.size());
+  std::iota(program.begin(), program.end(), 0);
+  std::vector<std::vector<int>> succs = ChainP2p(graph, index.succs, program);
+  if (KahnOrderBy(succs).size() != graph.ops.size())
+    succs = ChainP2p(graph, index.succs, TopologicalOrder(graph, index));
   // The smallest (key, index) among the ready ops first.
-  std::vector<int> order = KahnOrderBy(index.succs, [&keys](int a, int b) {
+  std::vector<int> order = KahnOrderBy(succs, [&keys](int a, int b) {
     if (keys[a] < keys[b]) return true;
     if (keys[b] < keys[a]) return false;
     return a < b;
@@ -262,7 +292,7 @@ Result<std::vector<int>> FuseBuckets(Graph& graph, const std::vector<std::vector
 
 void FinishPlan(GraphPlan& plan, const GraphIndex& index, const std::vector<LaunchKey>& keys,
                 const std::function<bool(const Op&)>& sync) {
-  plan.sequence = PriorityOrder(index, keys);
+  plan.sequence = PriorityOrder(plan.graph, index, keys);
   plan.stream = OwnStreams(plan.graph);
   for (size_t i = 0; i < plan.graph.ops.size(); ++i) {
     const Op& op = plan.graph.ops[i];

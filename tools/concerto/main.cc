@@ -22,6 +22,7 @@
 #include "concerto/driver/driver.h"
 #include "concerto/driver/fidelity.h"
 #include "concerto/driver/job.h"
+#include "concerto/driver/plan_search.h"
 #include "concerto/driver/options.h"
 #include "concerto/ir/json_io.h"
 #include "concerto/lower/evoformer.h"
@@ -137,6 +138,40 @@ int CmdFidelity(const FidelityFlags& ff) {
     std::cout << fmt::format("{} rows from {} sources: median |error| {:.1f}%, max {:.1f}% ({}); {} over memory\n",
                              report->rows.size(), report->sources, 100 * report->median_abs_error,
                              100 * report->max_abs_error, report->max_error_row, report->over_memory);
+  }
+  return 0;
+}
+
+
+// ---- plan ----
+struct PlanFlags {
+  std::string model;
+  int64_t global_batch = 0;
+  int seq = 0;
+  int top = 10;
+  bool explain = false;
+  std::string objective = "overlap";
+  PlanSearchOptions search;
+};
+
+int CmdPlan(PlanFlags& pf, const CommonFlags& flags) {
+  Result<ModelConfig> model = LoadModel(pf.model);
+  if (!model.ok()) return Fail(model.status());
+  Result<std::unique_ptr<CostModel>> cost = MakeCostModel(flags.job.cluster, flags.job.profile, flags.job.nodes);
+  if (!cost.ok()) return Fail(cost.status());
+  PlanSearchOptions& o = pf.search;
+  o.global_batch = pf.global_batch;
+  o.seq = pf.seq;
+  o.objective = pf.objective == "additive" ? PlanObjective::kAdditive : PlanObjective::kOverlap;
+  o.options = flags.job.options;
+  o.time_budget_s = flags.job.options.concerto.time_budget_s;
+  Result<PlanSearchResult> result = SearchPlans(*model, **cost, o, Progress);
+  if (!result.ok()) return Fail(result.status());
+  if (flags.json) {
+    std::cout << DumpJson(PlanSearchJson(*result, pf.top, pf.explain), 2) << "\n";
+  } else {
+    std::cout << PlanSearchTable(*result, pf.top);
+    if (pf.explain) std::cout << "every plan, and why it was kept or dropped:\n" << PlanSearchExplain(*result);
   }
   return 0;
 }
@@ -1171,6 +1206,47 @@ int RealMain(int argc, char** argv) {
   lower->add_option("-o,--output", lower_out, "where to write the program")->required();
   lower->add_flag("--json", lower_json, "print one JSON object");
 
+  PlanFlags planf;
+  auto* plan = app.add_subcommand(
+      "plan", "search the parallel plans of a model on a cluster, with the overlap scheduler in the loop");
+  plan->add_option("--model", planf.model,
+                   "model preset (gpt and llama families) or a .yaml/.json model spec")
+      ->required();
+  plan->add_option("--global-batch", planf.global_batch, "sequences per training step (dp x micro-batch x micro-batches)")
+      ->required()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  plan->add_option("--seq", planf.seq, "sequence length (default: the model's)")->check(CLI::Range(1, 1 << 24));
+  plan->add_option("--top", planf.top, "ranked plans shown")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  plan->add_option("--search-top", planf.search.search_top,
+                   "the concerto search runs on this many of the best plans by their baseline (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  plan->add_option("--max-micro-batch", planf.search.max_micro_batch, "largest micro-batch tried [sequences]")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
+  plan->add_option("--max-vstages", planf.search.max_vstages, "most virtual pipeline stages tried")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
+  plan->add_option("--max-tp", planf.search.max_tp, "most tensor-parallel ranks tried (0: a node's devices)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  plan->add_option("--baselines", planf.search.baselines,
+                   "simulate each surviving plan with these schedulers (default: the plan's own system: zero for "
+                   "ZeRO stages, megatron with tp or pp, ddp otherwise)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(SchedulerNames()));
+  plan->add_option("--objective", planf.objective,
+                   "rank by the best simulated step (overlap) or by the sequential schedule's step, compute plus "
+                   "every collective as if serial (additive: what an overlap-blind planner ranks by)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"overlap", "additive"}));
+  plan->add_flag("--explain", planf.explain, "list every plan with why it was kept or dropped");
+  plan->footer(
+      "--time-budget bounds the whole search (plans not reached are listed as such); --memory-budget is the "
+      "budget every plan must fit. Plans are pruned only when their graph inputs alone exceed the budget or a "
+      "lower bound on any schedule of them reaches the best step found (docs/cli.md, 'concerto plan').");
+  AddCommonFlags(plan, flags);
+
   std::string demo_trace;  // no file unless asked
   bool demo_json = false;
   auto* demo = app.add_subcommand(
@@ -1303,6 +1379,7 @@ int RealMain(int argc, char** argv) {
   if (*schedule) return CmdSchedule(schedf, flags);
   if (*lower) return CmdLower(lower_model, lower_plan, lower_out, lower_json, lower_sharding);
   if (*demo) return CmdDemo(demo_trace, demo_json);
+  if (*plan) return CmdPlan(planf, flags);
   if (*clusters) {
     for (const auto& name : ClusterPresetNames()) {
       Result<ClusterSpec> c = LoadCluster(name);
