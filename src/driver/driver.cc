@@ -171,6 +171,27 @@ Result<RunResult> RunScheduler(const Program& program, const std::string& schedu
   return run;
 }
 
+Result<StepFigures> SimulateBaselineStep(const Program& program, const std::string& baseline, const CostModel& cost,
+                                         const Options& options) {
+  Result<ScheduledProgram> sp = RunBaseline(baseline, program, cost, ToBaselineOptions(options));
+  if (!sp.ok()) return sp.status();
+  std::vector<GraphIndex> indexes;
+  for (const Graph& g : sp->program.graphs) indexes.push_back(GraphIndex::Build(g));
+  std::vector<std::string> violations = VerifySchedule(sp->program, sp->schedule, indexes);
+  if (!violations.empty())
+    return Status::Error("schedule '" + baseline + "' fails verification: " + violations.front());
+  Result<Timeline> timeline = Simulate(*sp, cost, ToSimOptions(options), indexes);
+  if (!timeline.ok()) return timeline.status();
+  StepFigures f;
+  f.makespan_us = timeline->makespan_us;
+  f.peak_memory_bytes = PeakMemory(sp->program, *timeline, indexes).peak_bytes;
+  const int64_t budget = MemoryBudgetBytes(options, cost.cluster());
+  f.fits_memory = budget <= 0 || f.peak_memory_bytes <= budget;
+  for (const Role& role : sp->program.roles)
+    if (!role.ranks.empty()) f.num_ops += static_cast<int>(sp->program.GraphOf(role).ops.size());
+  return f;
+}
+
 Result<RunResult> RunGivenSchedule(const Program& program, const Schedule& schedule, const CostModel& cost,
                                    const Options& options) {
   return Evaluate(ScheduledProgram{program, schedule}, cost, options, nullptr);

@@ -179,17 +179,19 @@ std::vector<PlanCandidate> EnumeratePlans(const ModelConfig& model, int devices,
       const int64_t per_dp = options.global_batch / dp;
       for (int64_t b = 1; b <= std::min<int64_t>(per_dp, options.max_micro_batch); ++b) {
         if (per_dp % b != 0) continue;
+        if (!options.all_micro_batch_sizes && (b & (b - 1)) != 0) continue;
         const int64_t m = per_dp / b;
         if (m > std::numeric_limits<int>::max()) continue;
         for (int v = 1; v <= (pp > 1 ? options.max_vstages : 1); ++v) {
           for (int ep : moe ? Divisors(dp) : std::vector<int>{1}) {
-            for (int zero = 0; zero <= (dp > 1 && ep == 1 ? 3 : 0); ++zero) {
+            const int max_zero = dp == 1 || ep > 1 ? 0 : pp > 1 && !options.zero_with_pp ? 1 : 3;
+            for (int zero = 0; zero <= max_zero; ++zero) {
               for (int sp = 0; sp <= (tp > 1 && !moe ? 1 : 0); ++sp) {
                 for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
-                  // Megatron's rank order (tp, dp, pp) and, with both dp and
-                  // pp, the stages inside the data-parallel replicas.
+                  // Megatron's rank order (tp, dp, pp) and, when asked, with
+                  // both dp and pp, the stages inside the data-parallel replicas.
                   std::vector<std::vector<std::string>> orders = {{}};
-                  if (pp > 1 && dp > 1) orders.push_back({"tp", "pp", "dp"});
+                  if (pp > 1 && dp > 1 && options.all_orders) orders.push_back({"tp", "pp", "dp"});
                   for (const auto& order : orders) {
                     PlanCandidate c;
                     c.plan.dp = dp;
@@ -368,8 +370,8 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
   }
   std::stable_sort(order.begin(), order.end(),
                    [&](int a, int b) { return plans[a].compute_bound_us < plans[b].compute_bound_us; });
-  say(fmt::format("{} plans over memory by their graph inputs alone; {} to evaluate, best bound first",
-                  plans.size() - order.size(), order.size()));
+  say(fmt::format("bounded in {:.1f} s: {} plans over memory by a memory bound; {} to evaluate, best bound first",
+                  SecondsSince(t0), plans.size() - order.size(), order.size()));
 
   double best = std::numeric_limits<double>::infinity();
   std::string best_label;
@@ -391,16 +393,20 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
     }
     ModelConfig mb = model;
     mb.batch = c.micro_batch;
+    const auto t_lower = Clock::now();
     Result<Program> program = LowerTransformer(mb, c.plan);
     if (!program.ok()) return Status::Error("lowering " + Label(c) + ": " + program.status().message());
     ++result.lowered;
+    const double lower_s = SecondsSince(t_lower);
     const int64_t inputs = ProgramStaticBytes(*program);
     if (budget > 0 && inputs > budget) {
       c.fate = PlanFate::kStaticMemory;
       c.reason = fmt::format("graph inputs {} > budget {} (lowered)", Gb(inputs), Gb(budget));
       continue;
     }
+    const auto t_bound = Clock::now();
     c.program_bound_us = ComputeLowerBound(*program, cost).lower_bound_us;
+    const double bound_s = SecondsSince(t_bound);
     if (c.program_bound_us >= best) {
       c.fate = PlanFate::kProgramBound;
       c.reason = fmt::format("program bound {} >= best {} ({})", Ms(c.program_bound_us), Ms(best), best_label);
@@ -409,23 +415,23 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
     std::vector<std::string> schedulers = options.baselines.empty() ? NaturalBaselines(c.plan) : options.baselines;
     if (options.objective == PlanObjective::kAdditive) schedulers.push_back("sequential");
     ++result.simulated;
+    const auto t_sim = Clock::now();
     int64_t least_peak = std::numeric_limits<int64_t>::max();
     for (const std::string& name : schedulers) {
-      Result<RunResult> run = RunScheduler(*program, name, cost, run_options);
+      Result<StepFigures> run = SimulateBaselineStep(*program, name, cost, run_options);
       if (!run.ok()) return Status::Error(Label(c) + ": scheduler '" + name + "': " + run.status().message());
-      const Summary& s = run->summary;
-      c.ops = s.num_ops;
-      least_peak = std::min(least_peak, s.peak_memory_bytes);
+      c.ops = run->num_ops;
+      least_peak = std::min(least_peak, run->peak_memory_bytes);
       if (name == "sequential") {
-        c.additive_step_us = s.makespan_us;
+        c.additive_step_us = run->makespan_us;
         continue;
       }
-      if (!s.fits_memory) continue;
-      if (!c.fits || s.makespan_us < c.baseline_step_us) {
+      if (!run->fits_memory) continue;
+      if (!c.fits || run->makespan_us < c.baseline_step_us) {
         c.fits = true;
-        c.baseline_step_us = s.makespan_us;
+        c.baseline_step_us = run->makespan_us;
         c.baseline = name;
-        c.peak_bytes = s.peak_memory_bytes;
+        c.peak_bytes = run->peak_memory_bytes;
       }
     }
     if (!c.fits) {
@@ -441,9 +447,10 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
         best_label = Label(c);
       }
     }
-    say(fmt::format("[{}/{}] {}: {} (bound {}), best {} ({:.0f} s)", done, order.size(), Label(c),
-                    c.fits ? c.baseline + " " + Ms(c.baseline_step_us) : c.reason, Ms(c.compute_bound_us), Ms(best),
-                    SecondsSince(t0)));
+    say(fmt::format("[{}/{}] {}: {} (bound {}), best {}; {} ops lowered in {:.1f} s, bounded in {:.1f} s, "
+                    "simulated in {:.1f} s ({:.0f} s in all)",
+                    done, order.size(), Label(c), c.fits ? c.baseline + " " + Ms(c.baseline_step_us) : c.reason,
+                    Ms(c.compute_bound_us), Ms(best), c.ops, lower_s, bound_s, SecondsSince(t_sim), SecondsSince(t0)));
   }
 
   // The concerto search on the best few by the objective.

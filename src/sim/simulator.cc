@@ -102,9 +102,22 @@ std::vector<int> ChooseRanks(const Program& p, const std::vector<GraphIndex>& in
     const Role& role = p.roles[r];
     const int gi = p.GraphIndex(role.graph);
     const Graph& g = p.graphs[gi];
+    std::set<std::string> alike_checked;
     for (const Op& op : g.ops) {
       if (!op.IsComm()) continue;
       if (op.kind == OpKind::kCollective) {
+        // Collectives alike in everything a price reads are checked once per
+        // role (a role of 1,024 ranks and thousands of collectives: millions
+        // of prices otherwise).
+        std::string key = std::to_string(static_cast<int>(op.collective)) + "|" +
+                          std::to_string(static_cast<int>(op.reduce)) + "|" + std::to_string(op.message_bytes) +
+                          "|" + GroupSpecKey(op.group) + "|" +
+                          (op.duration_us ? std::to_string(*op.duration_us) : std::string("-"));
+        for (const std::string& in : op.inputs) {
+          auto t = indexes[gi].tensor.find(in);
+          if (t != indexes[gi].tensor.end()) key += "|" + std::to_string(static_cast<int>(g.tensors[t->second].dtype));
+        }
+        if (!alike_checked.insert(std::move(key)).second) continue;
         for (int m : GroupRanks(p.mesh, op.group, reps[r]))
           if (p.RoleOfRank(m) != static_cast<int>(r)) return all;
         PriceContext rep_ctx{g, indexes[gi], p.mesh, reps[r]};

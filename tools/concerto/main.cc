@@ -1224,6 +1224,13 @@ int RealMain(int argc, char** argv) {
   plan->add_option("--max-micro-batch", planf.search.max_micro_batch, "largest micro-batch tried [sequences]")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
+  plan->add_flag("--all-micro-batch-sizes", planf.search.all_micro_batch_sizes,
+                 "try every divisor of the per-replica batch as the micro-batch size (default: powers of two)");
+  plan->add_flag("--zero-with-pp", planf.search.zero_with_pp,
+                 "try ZeRO stages 2 and 3 with pipeline parallelism too (default: 0 or 1 with pp, what DeepSpeed's "
+                 "pipeline engine and Megatron's distributed optimizer run)");
+  plan->add_flag("--all-orders", planf.search.all_orders,
+                 "try the mesh order tp-pp-dp too where there are dp and pp (default: Megatron's tp-dp-pp)");
   plan->add_option("--max-vstages", planf.search.max_vstages, "most virtual pipeline stages tried")
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));

@@ -65,6 +65,19 @@ Result<RunResult> RunScheduler(const Program& program, const std::string& schedu
                                const Options& options, const PassHook& hook = nullptr,
                                const ProgressFn& progress = nullptr);
 
+/// The figures of one baseline's schedule that a plan search needs.
+struct StepFigures {
+  double makespan_us = 0;
+  int64_t peak_memory_bytes = 0;
+  bool fits_memory = true;  // against the options' budget on the cost model's cluster
+  int num_ops = 0;          // ops per simulated rank, summed over roles
+};
+/// RunScheduler for a baseline without the summary (its bounds, critical
+/// path and exposure take longer than the simulation): schedule, verify,
+/// simulate, peak memory.
+Result<StepFigures> SimulateBaselineStep(const Program& program, const std::string& baseline, const CostModel& cost,
+                                         const Options& options);
+
 /// Simulates a given schedule (after verifying it).
 Result<RunResult> RunGivenSchedule(const Program& program, const Schedule& schedule, const CostModel& cost,
                                    const Options& options);

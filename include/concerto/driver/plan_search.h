@@ -31,6 +31,16 @@ struct PlanSearchOptions {
   int64_t global_batch = 0;  // sequences per step (required)
   int seq = 0;               // > 0: the model's sequence length replaced
   int max_micro_batch = 8;   // largest micro-batch size (sequences) tried
+  /// Every divisor of the per-replica batch as a micro-batch size (false:
+  /// powers of two, as the Megatron and NeMo auto-configurators try).
+  bool all_micro_batch_sizes = false;
+  /// ZeRO stages 2 and 3 with pipeline parallelism too (false: stage 0 or 1
+  /// with pp > 1, what DeepSpeed's pipeline engine and Megatron's
+  /// distributed optimizer run).
+  bool zero_with_pp = false;
+  /// Both mesh orders with pp and dp (tp-dp-pp and tp-pp-dp); false:
+  /// Megatron's tp-dp-pp only.
+  bool all_orders = false;
   int max_vstages = 4;       // largest number of virtual stages tried
   /// At most this many tensor-parallel ranks (0: a node's devices; tp never
   /// crosses a node).
