@@ -14,6 +14,7 @@
 #include "concerto/cost/cost_model.h"
 #include "concerto/driver/driver.h"
 #include "concerto/driver/job.h"
+#include "concerto/driver/plan_search.h"
 #include "concerto/driver/options.h"
 #include "concerto/ir/autodiff.h"
 #include "concerto/ir/json_io.h"
@@ -276,6 +277,39 @@ PYBIND11_MODULE(_concerto, m) {
   }, py::arg("program"), py::arg("cluster") = "a800-4x8", py::arg("schedulers") = std::vector<std::string>{},
         py::arg("options") = py::dict(), py::arg("profile") = "",
         "every scheduler (or those named) side by side: the dict of `concerto compare --json`");
+
+  m.def("plan", [](const std::string& model, const std::string& cluster, int64_t global_batch, int seq, int nodes,
+                   int top, int search_top, int max_micro_batch, int max_vstages, int max_tp,
+                   const std::string& objective, const std::vector<std::string>& baselines, const py::dict& options,
+                   const std::string& profile, bool explain) {
+    if (objective != "overlap" && objective != "additive")
+      throw Error("objective: '" + objective + "' is not overlap or additive");
+    for (const std::string& b : baselines)
+      if (std::find(SchedulerNames().begin(), SchedulerNames().end(), b) == SchedulerNames().end())
+        throw Error("baselines: unknown scheduler '" + b + "'");
+    if (top < 1 || search_top < 0 || max_micro_batch < 1 || max_vstages < 1 || max_tp < 0 || seq < 0 || nodes < 0)
+      throw Error("top and the max_ limits must be >= 1 (max_tp, search_top, seq and nodes >= 0)");
+    const ModelConfig m = Take(LoadPlanSearchModel(model));
+    PlanSearchOptions o;
+    o.global_batch = global_batch;
+    o.seq = seq;
+    o.search_top = search_top;
+    o.max_micro_batch = max_micro_batch;
+    o.max_vstages = max_vstages;
+    o.max_tp = max_tp;
+    o.baselines = baselines;
+    o.objective = objective == "additive" ? PlanObjective::kAdditive : PlanObjective::kOverlap;
+    o.options = ToOptions(options);
+    o.time_budget_s = o.options.concerto.time_budget_s;
+    std::unique_ptr<CostModel> cost = Take(MakeCostModel(cluster, profile, nodes));
+    PlanSearchResult r = [&] { py::gil_scoped_release release; return Take(SearchPlans(m, *cost, o)); }();
+    return ToPython(PlanSearchJson(r, top, explain));
+  }, py::arg("model"), py::arg("cluster") = "a800-4x8", py::arg("global_batch") = 0, py::arg("seq") = 0,
+        py::arg("nodes") = 0, py::arg("top") = 10, py::arg("search_top") = 3, py::arg("max_micro_batch") = 8,
+        py::arg("max_vstages") = 4, py::arg("max_tp") = 0, py::arg("objective") = "overlap",
+        py::arg("baselines") = std::vector<std::string>{}, py::arg("options") = py::dict(),
+        py::arg("profile") = "", py::arg("explain") = false,
+        "search the parallel plans of a model on a cluster: the dict of `concerto plan --json` (docs/cli.md)");
 
   m.def("execute", [](const Program& program, const std::string& scheduler, const std::string& cluster,
                       const py::dict& options, const py::dict& input_values, const std::vector<std::string>& fetch,

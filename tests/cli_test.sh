@@ -106,6 +106,15 @@ contains bad_order_names_key "$TMP/err" "order 'dp-xp': unknown axis 'xp'"
 check bad_plan 1 "$BIN" lower --model gpt-tiny --plan dp=2,tp=3 -o "$TMP/x.json"
 check deadlock_is_error 1 "$BIN" simulate "$ROOT/tests/golden/deadlock_p2p.json"
 contains deadlock_message "$TMP/err" "deadlock"
+# The plan search (docs/cli.md, "plan").
+check plan_tiny 0 "$BIN" plan --model gpt-tiny --cluster a800-4x8 --nodes 1 --global-batch 8 --search-top 0 --json
+contains plan_json_ranked "$TMP/out" '"ranked": ['
+contains plan_json_fates "$TMP/out" '"compute-bound":'
+check plan_vit 1 "$BIN" plan --model vit-b16 --global-batch 8
+contains plan_vit_says "$TMP/err" "plan search covers the gpt and llama families"
+check plan_no_split 1 "$BIN" plan --model gpt-tiny --cluster a800-4x8 --nodes 1 --global-batch 7 --max-tp 1
+contains plan_no_split_says "$TMP/err" "no valid plan of gpt-tiny on 8 devices"
+check plan_needs_batch 2 "$BIN" plan --model gpt-tiny
 # Per-op sharding plans and plan files (docs/frontends.md).
 check lower_sharding 0 "$BIN" lower --model gpt-tiny --sharding "$ROOT/examples/plans/gpt-tiny-mixed.json" -o "$TMP/mixed.json" --json
 contains lower_sharding_json "$TMP/out" '"comm_ops"'

@@ -12,6 +12,7 @@
 
 #include "concerto/driver/driver.h"
 #include "concerto/ir/graph_index.h"
+#include "concerto/lower/frontend.h"
 #include "concerto/sim/lower_bound.h"
 
 namespace concerto {
@@ -20,12 +21,21 @@ std::string_view ToString(PlanFate fate) {
   switch (fate) {
     case PlanFate::kStaticMemory: return "static-memory";
     case PlanFate::kBound: return "compute-bound";
-    case PlanFate::kProgramBound: return "program-bound";
     case PlanFate::kOverMemory: return "over-memory";
     case PlanFate::kEvaluated: return "evaluated";
     case PlanFate::kTimeBudget: return "time-budget";
   }
   return "?";
+}
+
+Result<ModelConfig> LoadPlanSearchModel(const std::string& name_or_path) {
+  const std::vector<std::string> all = AllModelPresetNames();
+  const std::vector<std::string> decoders = ModelPresetNames();
+  if (std::find(all.begin(), all.end(), name_or_path) != all.end() &&
+      std::find(decoders.begin(), decoders.end(), name_or_path) == decoders.end())
+    return Status::Error("plan search covers the gpt and llama families (presets and model files); '" +
+                         name_or_path + "' is another frontend's preset");
+  return LoadModel(name_or_path);
 }
 
 double ModelStepFlops(const ModelConfig& model, int64_t global_batch) {
@@ -375,6 +385,9 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
 
   double best = std::numeric_limits<double>::infinity();
   std::string best_label;
+  // The simulations get the budget up to the concerto searches' share: a
+  // third of it when they run.
+  const double evaluation_budget_s = options.search_top > 0 ? options.time_budget_s * 2 / 3 : options.time_budget_s;
   Options run_options = options.options;
   int done = 0;
   for (int i : order) {
@@ -385,7 +398,8 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
       c.reason = fmt::format("compute bound {} >= best {} ({})", Ms(c.compute_bound_us), Ms(best), best_label);
       continue;
     }
-    if (SecondsSince(t0) > options.time_budget_s) {
+    if (SecondsSince(t0) > evaluation_budget_s) {
+      if (!result.time_budget_hit) result.unexplored_bound_us = c.compute_bound_us;  // the smallest left: sorted
       result.time_budget_hit = true;
       c.fate = PlanFate::kTimeBudget;
       c.reason = "not evaluated: the time budget ran out";
@@ -402,14 +416,6 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
     if (budget > 0 && inputs > budget) {
       c.fate = PlanFate::kStaticMemory;
       c.reason = fmt::format("graph inputs {} > budget {} (lowered)", Gb(inputs), Gb(budget));
-      continue;
-    }
-    const auto t_bound = Clock::now();
-    c.program_bound_us = ComputeLowerBound(*program, cost).lower_bound_us;
-    const double bound_s = SecondsSince(t_bound);
-    if (c.program_bound_us >= best) {
-      c.fate = PlanFate::kProgramBound;
-      c.reason = fmt::format("program bound {} >= best {} ({})", Ms(c.program_bound_us), Ms(best), best_label);
       continue;
     }
     std::vector<std::string> schedulers = options.baselines.empty() ? NaturalBaselines(c.plan) : options.baselines;
@@ -447,10 +453,10 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
         best_label = Label(c);
       }
     }
-    say(fmt::format("[{}/{}] {}: {} (bound {}), best {}; {} ops lowered in {:.1f} s, bounded in {:.1f} s, "
-                    "simulated in {:.1f} s ({:.0f} s in all)",
+    say(fmt::format("[{}/{}] {}: {} (bound {}), best {}; {} ops lowered in {:.1f} s, simulated in {:.1f} s "
+                    "({:.0f} s in all)",
                     done, order.size(), Label(c), c.fits ? c.baseline + " " + Ms(c.baseline_step_us) : c.reason,
-                    Ms(c.compute_bound_us), Ms(best), c.ops, lower_s, bound_s, SecondsSince(t_sim), SecondsSince(t0)));
+                    Ms(c.compute_bound_us), Ms(best), c.ops, lower_s, SecondsSince(t_sim), SecondsSince(t0)));
   }
 
   // The concerto search on the best few by the objective.
@@ -522,10 +528,10 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
 
 namespace {
 
-std::string Row(const PlanCandidate& c) {
-  return fmt::format("{:<48} {:>11.1f} {:>10.0f} {:>9.1f} {:>6.1f}% {:>9.1f} {:>5} {:<10}", Label(c),
+std::string Row(const PlanCandidate& c, int width) {
+  return fmt::format("{:<{}} {:>11.1f} {:>10.0f} {:>9.1f} {:>6.1f}% {:>8.1f} {:>5} {:<10}", Label(c), width,
                      c.step_us / 1e3, c.tokens_per_s_per_gpu, c.model_tflops_per_gpu, 100 * c.mfu,
-                     static_cast<double>(c.peak_bytes) / (1u << 30), c.fits ? "yes" : "no", c.scheduler);
+                     static_cast<double>(c.peak_bytes) / 1e9, c.fits ? "yes" : "no", c.scheduler);
 }
 
 std::map<PlanFate, int> FateCounts(const PlanSearchResult& r) {
@@ -541,7 +547,6 @@ nlohmann::json CandidateJson(const PlanCandidate& c) {
                       {"static_memory_bytes", c.static_bytes},
                       {"live_at_backward_bytes", c.live_bytes},
                       {"compute_bound_us", c.compute_bound_us}};
-  if (c.program_bound_us > 0) j["program_bound_us"] = c.program_bound_us;
   if (!c.reason.empty()) j["reason"] = c.reason;
   if (c.fate == PlanFate::kEvaluated || c.fate == PlanFate::kOverMemory) {
     j["peak_memory_bytes"] = c.peak_bytes;
@@ -569,35 +574,52 @@ std::string PlanSearchTable(const PlanSearchResult& r, int top) {
       "{} on {} ({} devices), global batch {} x seq {}, memory budget {}, ranked by {}\n", r.model, r.cluster,
       r.devices, r.global_batch, r.seq, r.memory_budget_bytes > 0 ? Gb(r.memory_budget_bytes) : "none",
       r.objective == PlanObjective::kAdditive ? "the additive (overlap-blind) step" : "the best simulated step");
-  const std::string header = fmt::format("{:<4} {:<48} {:>11} {:>10} {:>9} {:>7} {:>9} {:>5} {:<10}\n", "rank",
-                                         "plan", "step_ms", "tok/s/gpu", "TFLOP/s", "MFU", "peak_GiB", "fits",
-                                         "schedule");
+  int width = 24;
+  for (int i = 0; i < std::min(top, r.ranked); ++i) width = std::max<int>(width, Label(r.plans[i]).size());
+  for (int i : r.pareto) width = std::max<int>(width, Label(r.plans[i]).size());
+  const std::string header = fmt::format("{:<4} {:<{}} {:>11} {:>10} {:>9} {:>7} {:>8} {:>5} {:<10}\n", "rank",
+                                         "plan", width, "step_ms", "tok/s/gpu", "TFLOP/s", "MFU", "peak_GB",
+                                         "fits", "schedule");
   out += header;
   for (int i = 0; i < std::min(top, r.ranked); ++i) {
-    out += fmt::format("{:<4} {}", i + 1, Row(r.plans[i]));
+    out += fmt::format("{:<4} {}", i + 1, Row(r.plans[i], width));
     if (r.objective == PlanObjective::kAdditive) out += fmt::format("  additive {:.1f} ms", r.plans[i].additive_step_us / 1e3);
     out += "\n";
   }
-  if (r.ranked == 0) out += "(no plan fits the memory budget)\n";
+  if (r.ranked == 0)
+    out += r.simulated == 0 && r.time_budget_hit ? "(the time budget ran out before a plan was simulated)\n"
+                                                 : "(no plan fits the memory budget)\n";
   out += "memory-time front (least memory first):\n";
-  for (int i : r.pareto) out += fmt::format("{:<4} {}\n", i + 1, Row(r.plans[i]));
+  for (int i : r.pareto) out += fmt::format("{:<4} {}\n", i + 1, Row(r.plans[i], width));
   const auto n = FateCounts(r);
   auto count = [&](PlanFate f) { return n.count(f) ? n.at(f) : 0; };
   out += fmt::format(
-      "{} plans: {} evaluated, {} over memory by their graph inputs, {} pruned by the compute bound, {} by the "
-      "program bound, {} over memory when simulated{}; {} lowered, {} simulated, in {:.1f} s\n",
+      "{} plans: {} evaluated, {} over memory by a memory bound, {} pruned by the compute bound, {} over memory "
+      "when simulated{}; {} lowered, {} simulated, in {:.1f} s\n",
       r.plans.size(), count(PlanFate::kEvaluated), count(PlanFate::kStaticMemory), count(PlanFate::kBound),
-      count(PlanFate::kProgramBound), count(PlanFate::kOverMemory),
+      count(PlanFate::kOverMemory),
       count(PlanFate::kTimeBudget) ? fmt::format(", {} not evaluated (time budget)", count(PlanFate::kTimeBudget))
                                    : std::string(),
       r.lowered, r.simulated, r.seconds);
+  if (r.time_budget_hit && r.unexplored_bound_us > 0) {
+    const double best = r.ranked > 0 ? r.plans[0].step_us : 0;
+    out += fmt::format(
+        "the time budget stopped the search: no plan left unevaluated can step faster than {:.1f} ms under any "
+        "schedule (the smallest compute bound left){}\n",
+        r.unexplored_bound_us / 1e3,
+        best > 0 ? fmt::format(": at most {:.1f}% faster than the first plan",
+                               100 * std::max(0.0, best / r.unexplored_bound_us - 1))
+                 : std::string());
+  }
   return out;
 }
 
 std::string PlanSearchExplain(const PlanSearchResult& r) {
   std::string out;
+  int width = 24;
+  for (const PlanCandidate& c : r.plans) width = std::max<int>(width, Label(c).size());
   for (const PlanCandidate& c : r.plans)
-    out += fmt::format("{:<48} {:<14} bound {:>10.1f} ms  inputs {:>7.1f} GB  {}\n", Label(c), ToString(c.fate),
+    out += fmt::format("{:<{}} {:<14} bound {:>10.1f} ms  inputs {:>7.1f} GB  {}\n", Label(c), width, ToString(c.fate),
                        c.compute_bound_us / 1e3, static_cast<double>(c.static_bytes) / 1e9,
                        c.fate == PlanFate::kEvaluated
                            ? fmt::format("{} {:.1f} ms", c.scheduler, c.step_us / 1e3)
@@ -624,6 +646,7 @@ nlohmann::json PlanSearchJson(const PlanSearchResult& r, int top, bool explain) 
                       {"lowered", r.lowered},
                       {"simulated", r.simulated},
                       {"time_budget_hit", r.time_budget_hit},
+                      {"unexplored_bound_us", r.unexplored_bound_us},
                       {"search_s", r.seconds},
                       {"ranked", ranked},
                       {"pareto", pareto}};

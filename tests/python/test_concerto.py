@@ -78,6 +78,24 @@ class SchedulerTest(unittest.TestCase):
         concerto_run = [r for r in c["results"] if r["scheduler"] == "concerto"][0]
         self.assertLessEqual(concerto_run["makespan_us"], best_baseline * (1 + 1e-9))
 
+    def test_plan_search_ranks_fitting_plans(self):
+        r = concerto.plan("gpt-tiny", cluster="a800-4x8", nodes=1, global_batch=8, search_top=1, top=50,
+                          explain=True)
+        self.assertEqual(r["devices"], 8)
+        ranked = r["ranked"]
+        self.assertGreater(len(ranked), 1)
+        steps = [row["step_us"] for row in ranked]
+        self.assertEqual(steps, sorted(steps))
+        self.assertTrue(all(row["fits_memory"] for row in ranked))
+        self.assertIn("concerto_step_us", ranked[0])
+        # Every plan is accounted for, with a fate.
+        self.assertEqual(len(r["every_plan"]), r["plans"])
+        self.assertEqual(sum(r["fates"].values()), r["plans"])
+        with self.assertRaisesRegex(concerto.Error, "objective"):
+            concerto.plan("gpt-tiny", nodes=1, global_batch=8, objective="fastest")
+        with self.assertRaisesRegex(concerto.Error, "global-batch"):
+            concerto.plan("gpt-tiny", nodes=1)
+
 
 class ErrorTest(unittest.TestCase):
     def test_errors_carry_the_library_message(self):

@@ -155,7 +155,7 @@ struct PlanFlags {
 };
 
 int CmdPlan(PlanFlags& pf, const CommonFlags& flags) {
-  Result<ModelConfig> model = LoadModel(pf.model);
+  Result<ModelConfig> model = LoadPlanSearchModel(pf.model);
   if (!model.ok()) return Fail(model.status());
   Result<std::unique_ptr<CostModel>> cost = MakeCostModel(flags.job.cluster, flags.job.profile, flags.job.nodes);
   if (!cost.ok()) return Fail(cost.status());

@@ -62,7 +62,6 @@ enum class PlanFate {
   kStaticMemory,       // a memory lower bound (graph inputs, or what the first backward op
                        // finds held) is over the budget, before lowering it
   kBound,              // its compute bound (before lowering it) >= the best step found
-  kProgramBound,       // its program's lower bound (lowered, not simulated) >= the best step found
   kOverMemory,         // simulated: every schedule tried is over the budget
   kEvaluated,          // simulated and fits
   kTimeBudget,         // not evaluated: the time budget ran out
@@ -83,7 +82,6 @@ struct PlanCandidate {
   /// Compute bound: the compute work of the busiest pipeline stage plus the
   /// pipeline's fill, from the same lowerings (a lower bound on any schedule).
   double compute_bound_us = 0;
-  double program_bound_us = 0;  // the lowered program's lower bound (0: not lowered)
   PlanFate fate = PlanFate::kTimeBudget;
   std::string reason;  // why it was dropped (or "")
   // Evaluated plans:
@@ -121,8 +119,16 @@ struct PlanSearchResult {
   int lowered = 0;            // plans lowered in full
   int simulated = 0;          // plans simulated
   bool time_budget_hit = false;
+  /// With the time budget hit: the smallest compute bound among the plans not
+  /// evaluated (no plan of the space is faster; the best plan's step over it
+  /// is the search's optimality gap). 0 otherwise.
+  double unexplored_bound_us = 0;
   double seconds = 0;
 };
+
+/// The model a plan search takes: a gpt or llama preset or model file; any
+/// other frontend's preset is refused by name.
+Result<ModelConfig> LoadPlanSearchModel(const std::string& name_or_path);
 
 /// Model FLOPs of one step of `global_batch` sequences (no recomputation):
 /// 6 N T + 12 L h s T for T tokens, N the parameters a token meets (a
