@@ -305,7 +305,7 @@ PYBIND11_MODULE(_concerto, m) {
     PlanSearchResult r = [&] { py::gil_scoped_release release; return Take(SearchPlans(m, *cost, o)); }();
     return ToPython(PlanSearchJson(r, top, explain));
   }, py::arg("model"), py::arg("cluster") = "a800-4x8", py::arg("global_batch") = 0, py::arg("seq") = 0,
-        py::arg("nodes") = 0, py::arg("top") = 10, py::arg("search_top") = 3, py::arg("max_micro_batch") = 8,
+        py::arg("nodes") = 0, py::arg("top") = 10, py::arg("search_top") = 8, py::arg("max_micro_batch") = 8,
         py::arg("max_vstages") = 4, py::arg("max_tp") = 0, py::arg("objective") = "overlap",
         py::arg("baselines") = std::vector<std::string>{}, py::arg("options") = py::dict(),
         py::arg("profile") = "", py::arg("explain") = false,

@@ -469,8 +469,13 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
   };
   std::sort(evaluated.begin(), evaluated.end(), by_rank);
   const int searched = std::min<int>(options.search_top, static_cast<int>(evaluated.size()));
+  double best_step = std::numeric_limits<double>::infinity();
+  for (int i : evaluated) best_step = std::min(best_step, plans[i].step_us);
   for (int r = 0; r < searched; ++r) {
     PlanCandidate& c = plans[evaluated[r]];
+    // No schedule of it can beat the best step found: nothing to search for
+    // (the overlap objective ranks by that step).
+    if (options.objective == PlanObjective::kOverlap && c.compute_bound_us >= best_step) continue;
     const double left_s = options.time_budget_s - SecondsSince(t0);
     if (left_s <= 0) {
       result.time_budget_hit = true;
@@ -496,6 +501,7 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
         c.scheduler = "concerto";
         c.peak_bytes = s.peak_memory_bytes;
       }
+      best_step = std::min(best_step, c.step_us);
     }
   }
 

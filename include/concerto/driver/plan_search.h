@@ -45,7 +45,7 @@ struct PlanSearchOptions {
   /// At most this many tensor-parallel ranks (0: a node's devices; tp never
   /// crosses a node).
   int max_tp = 0;
-  int search_top = 3;  // the best plans by baseline that the concerto search runs on (0: none)
+  int search_top = 8;  // the best plans by baseline that the concerto search runs on (0: none)
   /// Baselines each surviving plan is simulated with; empty: the plan's own
   /// system (ZeRO stages: zero; tp or pp: megatron; dp only: ddp).
   std::vector<std::string> baselines;
