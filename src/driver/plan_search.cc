@@ -385,9 +385,9 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
 
   double best = std::numeric_limits<double>::infinity();
   std::string best_label;
-  // The simulations get the budget up to the concerto searches' share: a
-  // third of it when they run.
-  const double evaluation_budget_s = options.search_top > 0 ? options.time_budget_s * 2 / 3 : options.time_budget_s;
+  // The simulations get the budget up to the concerto searches' share: 40%
+  // of it when they run.
+  const double evaluation_budget_s = options.search_top > 0 ? options.time_budget_s * 0.6 : options.time_budget_s;
   Options run_options = options.options;
   int done = 0;
   for (int i : order) {
@@ -470,6 +470,7 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
   std::sort(evaluated.begin(), evaluated.end(), by_rank);
   const int searched = std::min<int>(options.search_top, static_cast<int>(evaluated.size()));
   double best_step = std::numeric_limits<double>::infinity();
+  double longest_search_s = 0;
   for (int i : evaluated) best_step = std::min(best_step, plans[i].step_us);
   for (int r = 0; r < searched; ++r) {
     PlanCandidate& c = plans[evaluated[r]];
@@ -477,21 +478,28 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
     // (the overlap objective ranks by that step).
     if (options.objective == PlanObjective::kOverlap && c.compute_bound_us >= best_step) continue;
     const double left_s = options.time_budget_s - SecondsSince(t0);
-    if (left_s <= 0) {
+    // A search costs more than its own budget (baselines, list schedules and
+    // the decomposition come first): none starts without 1.5 times the
+    // longest so far left.
+    if (left_s <= 0 || left_s < 1.5 * longest_search_s) {
       result.time_budget_hit = true;
       say("time budget spent: no concerto search on " + Label(c));
       continue;
     }
+    const auto t_search = Clock::now();
     say(fmt::format("concerto search on {} ({} of {})", Label(c), r + 1, searched));
     ModelConfig mb = model;
     mb.batch = c.micro_batch;
     Result<Program> program = LowerTransformer(mb, c.plan);
     if (!program.ok()) return Status::Error("lowering " + Label(c) + ": " + program.status().message());
     Options concerto_options = run_options;
+    // Its share of what is left, less a fifth: the search checks its budget
+    // between passes, and one pass over a large program can take tens of seconds.
     concerto_options.concerto.time_budget_s =
-        std::min(concerto_options.concerto.time_budget_s, std::max(1.0, left_s / (searched - r)));
+        std::min(concerto_options.concerto.time_budget_s, std::max(1.0, 0.8 * left_s / (searched - r)));
     Result<RunResult> run = RunScheduler(*program, "concerto", cost, concerto_options);
     if (!run.ok()) return Status::Error(Label(c) + ": concerto: " + run.status().message());
+    longest_search_s = std::max(longest_search_s, SecondsSince(t_search));
     const Summary& s = run->summary;
     if (run->concerto && run->concerto->hit_time_budget) result.time_budget_hit = true;
     if (s.fits_memory) {
