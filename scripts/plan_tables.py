@@ -55,7 +55,7 @@ def overlap_table(budget):
            "additive's own ranking step ms | plans (evaluated) | search s |",
            "|---|---|---|---|---|---|---|---|---|"]
     for name, model, cluster, nodes, batch in WORKLOADS:
-        common = ["--time-budget", str(budget), "--search-top", "1", "--top", "1"]
+        common = ["--time-budget", str(budget), "--top", "1"]
         log(f"{name}: overlap-aware search")
         aware = plan_search(model, cluster, nodes, batch, common)
         log(f"{name}: additive search")
