@@ -24,6 +24,7 @@ std::string_view ToString(PlanFate fate) {
     case PlanFate::kOverMemory: return "over-memory";
     case PlanFate::kEvaluated: return "evaluated";
     case PlanFate::kTimeBudget: return "time-budget";
+    case PlanFate::kFailed: return "failed";
   }
   return "?";
 }
@@ -422,10 +423,17 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
     if (options.objective == PlanObjective::kAdditive) schedulers.push_back("sequential");
     ++result.simulated;
     const auto t_sim = Clock::now();
+    std::string failure;
     int64_t least_peak = std::numeric_limits<int64_t>::max();
     for (const std::string& name : schedulers) {
       Result<StepFigures> run = SimulateBaselineStep(*program, name, cost, run_options);
-      if (!run.ok()) return Status::Error(Label(c) + ": scheduler '" + name + "': " + run.status().message());
+      if (!run.ok()) {
+        // A baseline that cannot run this plan (its message kept) fails the
+        // plan, not the search.
+        const std::string m = run.status().message();
+        failure = "scheduler '" + name + "': " + m.substr(0, m.find('\n'));
+        continue;
+      }
       c.ops = run->num_ops;
       least_peak = std::min(least_peak, run->peak_memory_bytes);
       if (name == "sequential") {
@@ -440,7 +448,10 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
         c.peak_bytes = run->peak_memory_bytes;
       }
     }
-    if (!c.fits) {
+    if (!c.fits && !failure.empty() && least_peak == std::numeric_limits<int64_t>::max()) {
+      c.fate = PlanFate::kFailed;
+      c.reason = failure;
+    } else if (!c.fits) {
       c.fate = PlanFate::kOverMemory;
       c.peak_bytes = least_peak;
       c.reason = fmt::format("simulated peak {} > budget {}", Gb(least_peak), Gb(budget));
@@ -609,9 +620,12 @@ std::string PlanSearchTable(const PlanSearchResult& r, int top) {
   auto count = [&](PlanFate f) { return n.count(f) ? n.at(f) : 0; };
   out += fmt::format(
       "{} plans: {} evaluated, {} over memory by a memory bound, {} pruned by the compute bound, {} over memory "
-      "when simulated{}; {} lowered, {} simulated, in {:.1f} s\n",
+      "when simulated{}{}; {} lowered, {} simulated, in {:.1f} s\n",
       r.plans.size(), count(PlanFate::kEvaluated), count(PlanFate::kStaticMemory), count(PlanFate::kBound),
       count(PlanFate::kOverMemory),
+      count(PlanFate::kFailed) ? fmt::format(", {} failed (a baseline could not run them: --explain)",
+                                             count(PlanFate::kFailed))
+                               : std::string(),
       count(PlanFate::kTimeBudget) ? fmt::format(", {} not evaluated (time budget)", count(PlanFate::kTimeBudget))
                                    : std::string(),
       r.lowered, r.simulated, r.seconds);

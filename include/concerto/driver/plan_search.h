@@ -65,6 +65,7 @@ enum class PlanFate {
   kOverMemory,         // simulated: every schedule tried is over the budget
   kEvaluated,          // simulated and fits
   kTimeBudget,         // not evaluated: the time budget ran out
+  kFailed,             // no baseline could schedule it (reason: the first one's message)
 };
 std::string_view ToString(PlanFate fate);
 
