@@ -300,7 +300,6 @@ PYBIND11_MODULE(_concerto, m) {
     o.baselines = baselines;
     o.objective = objective == "additive" ? PlanObjective::kAdditive : PlanObjective::kOverlap;
     o.options = ToOptions(options);
-    o.time_budget_s = o.options.concerto.time_budget_s;
     std::unique_ptr<CostModel> cost = Take(MakeCostModel(cluster, profile, nodes));
     PlanSearchResult r = [&] { py::gil_scoped_release release; return Take(SearchPlans(m, *cost, o)); }();
     return ToPython(PlanSearchJson(r, top, explain));

@@ -388,7 +388,8 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
   std::string best_label;
   // The simulations get the budget up to the concerto searches' share: 40%
   // of it when they run.
-  const double evaluation_budget_s = options.search_top > 0 ? options.time_budget_s * 0.6 : options.time_budget_s;
+  const double budget_s = options.options.concerto.time_budget_s;
+  const double evaluation_budget_s = options.search_top > 0 ? budget_s * 0.6 : budget_s;
   Options run_options = options.options;
   int done = 0;
   for (int i : order) {
@@ -488,7 +489,7 @@ Result<PlanSearchResult> SearchPlans(const ModelConfig& model_in, const CostMode
     // No schedule of it can beat the best step found: nothing to search for
     // (the overlap objective ranks by that step).
     if (options.objective == PlanObjective::kOverlap && c.compute_bound_us >= best_step) continue;
-    const double left_s = options.time_budget_s - SecondsSince(t0);
+    const double left_s = budget_s - SecondsSince(t0);
     // A search costs more than its own budget (baselines, list schedules and
     // the decomposition come first): none starts without 1.5 times the
     // longest so far left.

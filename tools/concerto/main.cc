@@ -164,7 +164,6 @@ int CmdPlan(PlanFlags& pf, const CommonFlags& flags) {
   o.seq = pf.seq;
   o.objective = pf.objective == "additive" ? PlanObjective::kAdditive : PlanObjective::kOverlap;
   o.options = flags.job.options;
-  o.time_budget_s = flags.job.options.concerto.time_budget_s;
   Result<PlanSearchResult> result = SearchPlans(*model, **cost, o, Progress);
   if (!result.ok()) return Fail(result.status());
   if (flags.json) {

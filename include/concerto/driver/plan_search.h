@@ -50,10 +50,9 @@ struct PlanSearchOptions {
   /// system (ZeRO stages: zero; tp or pp: megatron; dp only: ddp).
   std::vector<std::string> baselines;
   PlanObjective objective = PlanObjective::kOverlap;
-  /// Wall-clock safety net, seconds: plans not evaluated when it fires are
-  /// reported as such (the answer then depends on the machine's speed).
-  double time_budget_s = 900;
-  /// The scheduler and simulation options (memory budget included).
+  /// The scheduler and simulation options (memory budget included). Its
+  /// time budget (`--time-budget`) bounds the whole search, a wall-clock
+  /// safety net: plans not evaluated when it fires are reported as such.
   Options options;
 };
 
