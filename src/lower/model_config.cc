@@ -250,15 +250,22 @@ Status ValidateExperts(const ModelConfig& m) {
 /// hidden = 2^30) is rejected before anything is built.
 Status ValidateModelSize(const ModelConfig& m) {
   constexpr double kMaxModelElements = 1099511627776.0;  // 2^40
+  if (m.layers > kMaxModelLayers)
+    return ModelError(m, fmt::format("layers must be at most {} (every layer adds ops to the lowered program; "
+                                     "the largest published models have under 200), got {}",
+                                     kMaxModelLayers, m.layers));
   const double h = m.hidden, f = m.ffn_hidden, tokens = double(m.batch) * m.seq;
   const double experts = std::max(1, m.experts);
+  // GPT's MLP has two matrices (fc1, fc2), LLaMA's three (gate, up, down).
+  const double mlp_matrices = m.family == ModelFamily::kGpt ? 2.0 : 3.0;
   const std::pair<std::string, double> sizes[] = {
       {"the attention weights (hidden x (hidden + 2 x kv width))", h * (h + 2.0 * m.kv_heads * (h / m.heads))},
       {"an MLP weight (hidden x ffn_hidden x experts)", h * f * experts},
       {"the embedding (vocab x hidden)", double(m.vocab) * h},
       {"an activation (batch x seq x max(hidden, ffn_hidden, vocab))", tokens * std::max({h, f, double(m.vocab)})},
       {"the attention scores (batch x heads x seq x seq)", tokens * m.heads * m.seq},
-      {"the parameters (layers x per-layer weights)", m.layers * (h * h * 4 + 3 * h * f * experts) + 2.0 * m.vocab * h},
+      {"the parameters (layers x per-layer weights)",
+       m.layers * (h * h * 4 + mlp_matrices * h * f * experts) + 2.0 * m.vocab * h},
   };
   for (const auto& [what, elements] : sizes)
     if (!(elements <= kMaxModelElements))

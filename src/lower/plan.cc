@@ -296,7 +296,7 @@ class PlanChecker {
     CONCERTO_RETURN_IF_ERROR(Divides("pp", p_.pp, "layers", m_.layers));
     // Every micro-batch repeats a stage's ops: the lowered program grows with
     // layers x micro-batches, so both are bounded before anything is built.
-    constexpr int64_t kMaxMicrobatches = 4096, kMaxLayerMicrobatches = 1 << 20;
+    constexpr int64_t kMaxMicrobatches = 4096;
     if (p_.microbatches > kMaxMicrobatches)
       return Fail("microbatches must be at most " + std::to_string(kMaxMicrobatches) + ", got " +
                   std::to_string(p_.microbatches));

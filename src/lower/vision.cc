@@ -410,6 +410,8 @@ class VisionSpecReader {
     if (!vit && c_.image < 32)
       return Status::Error(source_ + ": image (" + std::to_string(c_.image) +
                            ") must be at least 32 (the stem and three strided stages halve it five times)");
+    if (Status size = ValidateVisionSize(c_, c_.batch); !size.ok())
+      return Status::Error(source_ + ": " + size.message());
     return c_;
   }
 
@@ -449,7 +451,52 @@ Result<std::optional<VisionConfig>> LoadVisionSpec(const std::string& path) {
   }
 }
 
+Status ValidateVisionSize(const VisionConfig& c, int64_t images) {
+  const std::string where = "model '" + c.name + "'";
+  const int blocks = c.kind == VisionConfig::Kind::kVit
+                         ? c.layers
+                         : c.blocks[0] + c.blocks[1] + c.blocks[2] + c.blocks[3];
+  if (blocks > kMaxModelLayers)
+    return Status::Error(fmt::format("{}: {} must be at most {} in all (every one adds ops to the lowered "
+                                     "program), got {}",
+                                     where, c.kind == VisionConfig::Kind::kVit ? "layers" : "blocks",
+                                     kMaxModelLayers, blocks));
+  // The largest tensors, in doubles (they cannot overflow here); each at most
+  // 2^40 elements, as for the decoders, so every int64 size the lowering
+  // computes (bytes, flops) stays far from overflow.
+  constexpr double kMaxElements = 1099511627776.0;  // 2^40
+  const double n = static_cast<double>(images), image = c.image;
+  std::vector<std::pair<std::string, double>> sizes = {{"the images (batch x 3 x image x image)", n * 3 * image * image}};
+  if (c.kind == VisionConfig::Kind::kVit) {
+    const double d = c.hidden, grid = image / c.patch, s = grid * grid + 1;
+    sizes.push_back({"an activation (batch x tokens x max(hidden, mlp))", n * s * std::max(d, double(c.mlp))});
+    sizes.push_back({"the attention scores (batch x heads x tokens x tokens)", n * c.heads * s * s});
+    sizes.push_back({"the parameters", c.layers * (4 * d * d + 2 * d * c.mlp) + s * d + d * c.classes});
+    sizes.push_back({"the head's logits (batch x classes)", n * c.classes});
+  } else {
+    const double planes[4] = {64, 128, 256, 512};
+    double spatial = image / 4, widest = n * 64 * (image / 2) * (image / 2), weights = 0, cin = 64;
+    for (size_t st = 0; st < 4; ++st) {
+      const double width = planes[st] * c.width_factor, cout = planes[st] * 4;
+      widest = std::max(widest, n * std::max(width, cout) * spatial * spatial);
+      weights += c.blocks[st] * (cin * width + 9 * width * width + width * cout) + cin * cout;
+      cin = cout;
+      spatial = std::max(1.0, spatial / 2);
+    }
+    sizes.push_back({"an activation (batch x channels x height x width)", widest});
+    sizes.push_back({"the parameters", weights + 2048 * double(c.classes)});
+    sizes.push_back({"the head's logits (batch x classes)", n * c.classes});
+  }
+  for (const auto& [what, elements] : sizes)
+    if (!(elements <= kMaxElements))
+      return Status::Error(fmt::format("{}: {} would have {:.3g} elements, more than the limit of 2^40 "
+                                       "(docs/ir.md \"Limits\")",
+                                       where, what, elements));
+  return Status::Ok();
+}
+
 Result<int64_t> VisionParameterCount(const VisionConfig& c) {
+  CONCERTO_RETURN_IF_ERROR(ValidateVisionSize(c, c.batch));
   Graph g;
   Forward f(&g, c.dtype);
   if (c.kind == VisionConfig::Kind::kVit) VitForward(c, 1, f);
@@ -461,6 +508,7 @@ Result<int64_t> VisionParameterCount(const VisionConfig& c) {
 
 Result<Program> LowerVisionUnsharded(const VisionConfig& c, int64_t images) {
   if (images < 1) return Status::Error("model '" + c.name + "': batch " + std::to_string(images) + " < 1");
+  CONCERTO_RETURN_IF_ERROR(ValidateVisionSize(c, images));
   Program p;
   p.name = c.name;
   Graph g;

@@ -223,6 +223,65 @@ TEST(ReaderRobustness, ModelSizesAreBoundedBeforeLowering) {
   EXPECT_TRUE(LoadModel(WriteTemp("fine.yaml", base + "hidden: 1024\n")).ok());
 }
 
+TEST(ReaderRobustness, LayerCountsAreBoundedInEveryFamily) {
+  // 2^20 layers were accepted and grew past 12 GB before failing (gpt, vit,
+  // wide-resnet); each family now refuses them at once, naming the field.
+  ExpectErrorContains(LoadModel(WriteTemp("deep_gpt.yaml", "family: gpt\nlayers: 1048576\nhidden: 64\nheads: 4\n"
+                                                           "seq: 32\nvocab: 128\n"))
+                          .status(),
+                      "deep_gpt.yaml: model 'deep_gpt': layers must be at most 4096");
+  ExpectErrorContains(LowerModelPlan(WriteTemp("deep_vit.yaml", "family: vit\nimage: 32\nclasses: 10\nbatch: 1\n"
+                                                                "patch: 16\nlayers: 1048576\nhidden: 64\nheads: 4\n"
+                                                                "mlp: 128\n"),
+                                     "dp=1")
+                          .status(),
+                      "deep_vit.yaml: model 'deep_vit': layers must be at most 4096 in all");
+  ExpectErrorContains(LowerModelPlan(WriteTemp("deep_wrn.yaml", "family: wide-resnet\nimage: 32\nclasses: 10\n"
+                                                                "batch: 1\nblocks: [4000, 100, 1, 1]\n"),
+                                     "dp=1")
+                          .status(),
+                      "blocks must be at most 4096 in all (every one adds ops to the lowered program), got 4102");
+  // layers x micro-batches: 4096 x 32 is past 2^16.
+  ExpectErrorContains(LowerModelPlan(WriteTemp("deep_ok.yaml", "family: gpt\nlayers: 4096\nhidden: 64\nheads: 4\n"
+                                                               "seq: 32\nvocab: 128\n"),
+                                     "pp=2,microbatches=32")
+                          .status(),
+                      "layers x microbatches must be at most 65536 (4096 x 32)");
+}
+
+TEST(ReaderRobustness, VisionSizesAreBoundedBeforeLowering) {
+  // image 2^20 with patch 1: 2^40 tokens were lowered (155 ops, tensors of
+  // 1.4e14 elements); a ResNet at that size failed in the verifier with 152
+  // lines. Both now name the tensor that would be too large.
+  ExpectErrorContains(LowerModelPlan(WriteTemp("big_vit.yaml", "family: vit\nimage: 1048576\nclasses: 10\n"
+                                                               "batch: 1\npatch: 1\nlayers: 1\nhidden: 64\n"
+                                                               "heads: 4\nmlp: 128\n"),
+                                     "dp=1")
+                          .status(),
+                      "big_vit.yaml: model 'big_vit': the images (batch x 3 x image x image) would have 3.3e+12 "
+                      "elements, more than the limit of 2^40");
+  ExpectErrorContains(LowerModelPlan(WriteTemp("wide_wrn.yaml", "family: wide-resnet\nimage: 224\nclasses: 10\n"
+                                                                "batch: 64\nblocks: [1, 1, 1, 1]\n"
+                                                                "width_factor: 1048576\n"),
+                                     "dp=1")
+                          .status(),
+                      "an activation (batch x channels x height x width) would have 1.35e+13 elements");
+  ExpectErrorContains(LowerModelPlan(WriteTemp("tokens_vit.yaml", "family: vit\nimage: 4096\nclasses: 10\n"
+                                                                  "batch: 1\npatch: 1\nlayers: 1\nhidden: 64\n"
+                                                                  "heads: 4\nmlp: 128\n"),
+                                     "dp=1")
+                          .status(),
+                      "the attention scores (batch x heads x tokens x tokens) would have 1.13e+15 elements");
+}
+
+TEST(ReaderRobustness, ParameterGuardCountsEachFamilysMlp) {
+  // GPT-1T (Narayanan et al. 2021, Table 1: 1.008e12 parameters) was refused
+  // when the guard counted LLaMA's three MLP matrices for GPT too.
+  EXPECT_TRUE(LoadModel(WriteTemp("gpt_1t.yaml", "family: gpt\nlayers: 128\nhidden: 25600\nheads: 160\n"
+                                                 "seq: 2048\nvocab: 51200\nbatch: 1\n"))
+                  .ok());
+}
+
 TEST(ReaderRobustness, NumbersPastADoubleAreErrorsInEveryJsonReader) {
   // Found by fuzz_schedule: 33333333e3333333333333333 threw nlohmann's
   // out_of_range past the readers' parse_error handlers (an abort). Every

@@ -15,6 +15,17 @@ namespace concerto {
 
 struct ModelConfig;  // concerto/lower/transformer.h
 
+/// Size limits every frontend checks before it builds anything (docs/ir.md
+/// "Limits"): the lowered program grows with layers x micro-batches (about 60
+/// ops each for a decoder layer, forward and backward), so a small file
+/// cannot ask for a program that exhausts memory. The most layers a model
+/// may have (decoder blocks, ViT layers, ResNet bottleneck blocks; the
+/// largest published models have under 200) ...
+inline constexpr int kMaxModelLayers = 4096;
+/// ... and the most layers x micro-batches of a plan (GPT-1T's 128 layers at
+/// its published 512 micro-batches, 3.8M ops, is 65,536).
+inline constexpr int64_t kMaxLayerMicrobatches = int64_t{1} << 16;
+
 /// Activation recomputation (Korthikanti et al. 2022, "Reducing Activation
 /// Recomputation in Large Transformer Models"): what the backward recomputes
 /// instead of keeping from the forward. docs/frontends.md "recompute".

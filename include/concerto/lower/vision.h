@@ -53,6 +53,12 @@ Result<VisionConfig> VisionPreset(const std::string& name);
 /// wide-resnet: blocks (four counts), width_factor.
 Result<std::optional<VisionConfig>> LoadVisionSpec(const std::string& path);
 
+/// The size limits of docs/ir.md "Limits" for `config` at a batch of
+/// `images`: at most kMaxModelLayers layers (ViT) or bottleneck blocks (all
+/// four stages), every tensor and the parameter count at most 2^40 elements.
+/// The spec reader and the lowerings check it before building anything.
+Status ValidateVisionSize(const VisionConfig& config, int64_t images);
+
 /// Trainable parameters (weights, biases, norms' scales and shifts, class
 /// token and positions).
 Result<int64_t> VisionParameterCount(const VisionConfig& config);
