@@ -44,6 +44,15 @@ check run_timeout_huge 2 "$BIN" run "$ROOT/tests/golden/overlap_fifo.json" --tim
 sed 's/^devices_per_node: 8/devices_per_node: 4096/' "$ROOT/examples/clusters/a800-4x8.yaml" > "$TMP/wide.yaml"
 check nodes_over_the_device_limit 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --cluster "$TMP/wide.yaml" --nodes 1048576
 contains nodes_over_the_device_limit_says "$TMP/err" "--nodes 1048576: 1048576 nodes x 4096 devices per node"
+# A host runs at most 32 ranks per core (at least 64): dp=4096 started 4,096 MPI ranks on 2 cores.
+check run_too_many_ranks 1 "$BIN" run --model gpt-tiny --plan dp=4096 --nodes 512
+contains run_too_many_ranks_says "$TMP/err" "4096 ranks on this host of"
+check run_in_process_too_many_ranks 1 "$BIN" run --model gpt-tiny --plan dp=4096 --nodes 512 --in-process
+contains run_in_process_too_many_ranks_says "$TMP/err" "more than the limit of"
+# profile --program takes the program's rank count only within --ranks' bounds.
+"$BIN" lower --model gpt-tiny --plan dp=2048 -o "$TMP/dp2048.json" 2>/dev/null
+check profile_program_too_many_ranks 1 "$BIN" profile --program "$TMP/dp2048.json" --in-process
+contains profile_program_too_many_ranks_says "$TMP/err" "the program has 2048 ranks, more than profile runs at once (1024); pass --ranks N"
 # Every number of a cluster file is bounded where it is read (a latency of 1e308 us aborted in the cost model).
 sed 's/^\(\s*latency_us:\).*/\1 1e308/' "$ROOT/examples/clusters/a800-4x8.yaml" > "$TMP/slow.yaml"
 check cluster_number_too_large 1 "$BIN" simulate "$ROOT/tests/golden/overlap_fifo.json" --cluster "$TMP/slow.yaml"

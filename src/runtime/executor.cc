@@ -547,6 +547,19 @@ int64_t HostMemoryAvailableBytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : INT64_MAX;
 }
 
+int MaxRanksPerHost(int cores) { return std::max(64, 32 * std::max(cores, 1)); }
+
+Status CheckHostRanks(const Program& program, int ranks, int cores) {
+  if (cores <= 0) cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int limit = MaxRanksPerHost(cores);
+  if (ranks <= limit) return Status::Ok();
+  return Status::Error(fmt::format(
+      "program '{}': {} ranks on this host of {} core(s) is more than the limit of {} (32 per core, at least 64): "
+      "every rank is a process or thread the others wait for at each collective; run it across hosts (MPI), or "
+      "simulate it (`concerto simulate`), or lower a smaller plan",
+      program.name, ranks, cores, limit));
+}
+
 Status CheckHostMemory(const Program& program, const std::vector<int>& ranks, int64_t available_bytes) {
   if (ranks.empty()) return Status::Ok();
   double need = 0, most = 0;
@@ -664,6 +677,7 @@ Result<ExecutionResult> RunInProcessSteps(const ScheduledProgram& sp, const RunO
   const int n = sp.program.mesh.NumRanks();
   std::vector<int> all_ranks(n);
   for (int r = 0; r < n; ++r) all_ranks[r] = r;
+  CONCERTO_RETURN_IF_ERROR(CheckHostRanks(sp.program, n));
   CONCERTO_RETURN_IF_ERROR(CheckHostMemory(sp.program, all_ranks, options.host_memory_bytes));
   SetBlasThreads(options.blas_threads);
   FakeWorldOptions world_options;

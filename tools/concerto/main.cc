@@ -616,6 +616,8 @@ int CmdRun(const RunFlags& rf, const CommonFlags& flags) {
   const int ranks = sp->program.mesh.NumRanks();
   if (rf.ranks != 0 && rf.ranks != ranks)
     return Fail(Status::Error(fmt::format("-n {}: the program needs {} ranks", rf.ranks, ranks)));
+  if (!rf.dry_run)  // every rank runs on this host: processes (MPI, torch) or threads (--in-process)
+    if (Status s = CheckHostRanks(sp->program, ranks); !s.ok()) return Fail(s);
   if (rf.engine == "torch") return RunTorchEngine(rf, flags, *sp);
   if (!rf.device.empty()) return Fail(Status::Error("--device needs --engine torch (the runtime computes on the CPU)"));
   if (rf.in_process) {
@@ -772,6 +774,9 @@ ClusterSpec CpuLocalShape(int ranks) {
 /// `concerto profile --from-trace`: the compute durations a real run
 /// measured (its --trace) written into a profile database, over `--profile`'s
 /// entries when given (docs/runtime.md, "Closing the loop").
+/// The most ranks `profile` times collectives over (threads or MPI processes of this host).
+constexpr int kMaxProfileRanks = 1024;
+
 int CmdProfileFromTrace(const ProfileFlags& pf) {
   if (pf.programs.size() != 1 || pf.cluster.empty()) {
     std::fprintf(stderr, "concerto profile --from-trace: needs --program (the program the run executed, "
@@ -914,6 +919,11 @@ int CmdProfile(const ProfileFlags& pf) {
   Result<std::vector<Program>> defaults = DefaultProfilePrograms();
   if (!defaults.ok()) return Fail(defaults.status());
   for (Program& p : *defaults) programs.push_back(std::move(p));
+  if (pf.ranks == 0 && program && program->mesh.NumRanks() > kMaxProfileRanks)
+    return Fail(Status::Error(fmt::format(
+        "{}: the program has {} ranks, more than profile runs at once ({}); pass --ranks N (2 to {}): its "
+        "collectives over groups of up to N ranks are profiled",
+        pf.programs[0], program->mesh.NumRanks(), kMaxProfileRanks, kMaxProfileRanks)));
   const int ranks = pf.ranks > 0 ? pf.ranks : program ? program->mesh.NumRanks() : 2;
   if (ranks < 2) return Fail(Status::Error("profiling collectives needs at least 2 ranks (--ranks)"));
   const std::string device = "cpu-local";
@@ -1322,7 +1332,7 @@ int RealMain(int argc, char** argv) {
                       "profile the ops of this program (default: a built-in set of shapes); several with "
                       "--kernels-only (each distinct kernel timed once)");
   profile->add_option("--out-dir", pf.out_dir, "where to write profile.json and cpu-local.json")->capture_default_str();
-  profile->add_option("--ranks", pf.ranks, "ranks for the collectives (default: the program's, else 2)")->check(CLI::Range(2, 1024));
+  profile->add_option("--ranks", pf.ranks, "ranks for the collectives (default: the program's, else 2)")->check(CLI::Range(2, kMaxProfileRanks));
   profile->add_flag("--in-process", pf.in_process, "time collectives over threads (FakeWorld) instead of MPI processes");
   profile->add_option("--max-bytes", pf.max_bytes, "largest collective size in the sweep, and of the one-way transfers that tell ports from a bus [bytes]")->capture_default_str()->check(CLI::Range(int64_t{4096}, int64_t{1} << 32));
   profile->add_option("--reps", pf.reps, "timed repetitions per collective")->capture_default_str()->check(CLI::Range(1, 1000));

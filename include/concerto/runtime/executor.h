@@ -57,6 +57,16 @@ int64_t HostMemoryAvailableBytes();
 /// their lower bounds: checked before anything is allocated.
 Status CheckHostMemory(const Program& program, const std::vector<int>& ranks, int64_t available_bytes = 0);
 
+/// The most ranks one host runs at once: 32 per core, at least 64. Every rank
+/// is a process (MPI) or a thread (in process) that the others wait for at
+/// each collective; past this a step crawls and the host stops answering.
+int MaxRanksPerHost(int cores);
+
+/// An error naming the figures when `ranks` ranks of `program` would run on
+/// one host of `cores` cores (0: this host's) past MaxRanksPerHost: checked
+/// before any rank starts.
+Status CheckHostRanks(const Program& program, int ranks, int cores = 0);
+
 /// One rank's tensors after the step (fp32, by tensor name).
 struct RankTensors {
   int rank = 0;
