@@ -1458,15 +1458,6 @@ ProfileDb MakeProfileDb(const std::string& device, const std::vector<KernelSampl
 Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_text, const std::string& source,
                                                     const Program& program, const ClusterSpec& cluster,
                                                     bool collectives) {
-  nlohmann::json trace;
-  try {
-    trace = nlohmann::json::parse(trace_text);
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Error(source + ": not JSON: " + e.what());
-  }
-  const nlohmann::json* events = &trace;
-  if (trace.is_object() && trace.contains("traceEvents")) events = &trace["traceEvents"];
-  if (!events->is_array()) return Status::Error(source + ": expected a Chrome trace (an array of events)");
   std::vector<GraphIndex> indexes;
   for (const Graph& g : program.graphs) indexes.push_back(GraphIndex::Build(g));
   std::map<std::string, std::vector<double>> by_signature;
@@ -1475,10 +1466,10 @@ Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_tex
   std::map<std::tuple<int, int64_t, int>, std::pair<double, std::string>> instances;
   std::map<std::tuple<int, int, int64_t>, int> occurrences;  // (rank, graph, op id) -> seen so far
   const int ranks = program.mesh.NumRanks();
-  size_t at = 0;
-  for (const nlohmann::json& e : *events) {
-    const std::string where = source + ": event " + std::to_string(at++);
-    if (!e.is_object() || !e.contains("ph") || !e["ph"].is_string() || e["ph"] != "X") continue;
+  // One event (an element of the event array), read as it is parsed.
+  auto take = [&](const nlohmann::json& e, size_t at) -> Status {
+    const std::string where = source + ": event " + std::to_string(at);
+    if (!e.is_object() || !e.contains("ph") || !e["ph"].is_string() || e["ph"] != "X") return Status::Ok();
     if (!e.contains("pid") || !e["pid"].is_number_integer() || !e.contains("dur") || !e["dur"].is_number() ||
         !e.contains("args") || !e["args"].is_object() || !e["args"].contains("id") ||
         !e["args"]["id"].is_number_integer() || !e.contains("name") || !e["name"].is_string())
@@ -1509,7 +1500,7 @@ Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_tex
       return Status::Error(where + ": names '" + e["name"].get<std::string>() + "' but op " + std::to_string(op.id) +
                            " of '" + g.name + "' is '" + op.name + "' (a trace of another program?)");
     const bool collective = op.kind == OpKind::kCollective;
-    if (op.kind != OpKind::kCompute && !(collectives && collective)) continue;
+    if (op.kind != OpKind::kCompute && !(collectives && collective)) return Status::Ok();
     const double dur = e["dur"].get<double>();
     if (!std::isfinite(dur) || dur < 0 || dur > kMaxProfiledUs)
       return Status::Error(where + ": dur must be finite, >= 0 and at most 1e12 us (kMaxProfiledUs), got " +
@@ -1517,12 +1508,53 @@ Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_tex
     const PriceContext ctx{g, index, program.mesh, rank};
     if (!collective) {
       by_signature[ProfileDb::Signature(op, ctx, cluster)].push_back(dur);
-      continue;
+      return Status::Ok();
     }
     const int n = occurrences[{rank, graph, op.id}]++;
     auto [it, fresh] = instances.try_emplace({graph, op.id, n}, dur, ProfileDb::Signature(op, ctx, cluster));
     if (!fresh) it->second.first = std::min(it->second.first, dur);
+    return Status::Ok();
+  };
+  // The events are taken one by one as the parser completes them and then
+  // dropped, so a trace costs its text and one event, not a document tree of
+  // 8.5x its size. A trace is an array of events or an object whose
+  // "traceEvents" is one; nothing else of it is kept.
+  using Event = nlohmann::json::parse_event_t;
+  struct Stop {};  // a bad event ends the parse; its message is in `failed`
+  Status failed = Status::Ok();
+  int element_depth = -1;  // the depth of the event array's elements while it is being read
+  bool found = false;
+  std::string top_key;
+  size_t at = 0;
+  auto callback = [&](int depth, Event event, nlohmann::json& parsed) -> bool {
+    if (event == Event::key && depth == 1) {
+      top_key = parsed.is_string() ? parsed.get<std::string>() : std::string();
+    } else if (event == Event::array_start && !found && (depth == 0 || (depth == 1 && top_key == "traceEvents"))) {
+      found = true;
+      element_depth = depth + 1;
+    } else if (depth == element_depth &&
+               (event == Event::object_end || event == Event::array_end || event == Event::value)) {
+      if (Status st = take(parsed, at++); !st.ok()) {
+        failed = st;
+        throw Stop{};
+      }
+      return false;
+    } else if (element_depth >= 0 && depth > element_depth) {
+      return true;  // inside an event
+    } else if (event == Event::array_end && depth == element_depth - 1) {
+      element_depth = -1;
+    }
+    // Complete members of a top-level object (the event array included) are not kept.
+    return !(depth == 1 && (event == Event::object_end || event == Event::array_end || event == Event::value));
+  };
+  try {
+    nlohmann::json::parse(trace_text, callback);
+  } catch (const Stop&) {
+    return failed;
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Error(source + ": not JSON: " + e.what());
   }
+  if (!found) return Status::Error(source + ": expected a Chrome trace (an array of events)");
   for (const auto& [key, span] : instances) by_signature[span.second].push_back(span.first);
   std::vector<TraceSample> out;
   for (const auto& [signature, durations] : by_signature)

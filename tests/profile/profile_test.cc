@@ -462,6 +462,23 @@ TEST(FromTrace, ComputeDurationsOfARunTraceBecomeProfileEntries) {
   EXPECT_NE(bad.status().message().find("t.json: event"), std::string::npos) << bad.status().message();
   EXPECT_NE(bad.status().message().find("(a trace of another program?)"), std::string::npos) << bad.status().message();
   EXPECT_FALSE(DurationsFromTrace("{}", "t.json", sp.program, job->cost->cluster()).ok());
+  EXPECT_FALSE(DurationsFromTrace("{\"traceEvents\": 5}", "t.json", sp.program, job->cost->cluster()).ok());
+
+  // The events are read as they are parsed (a trace costs its text, not a
+  // document of 8.5x it): both forms of the format give the same samples, and
+  // a top-level member other than traceEvents is not read as events.
+  nlohmann::json wrapped = nlohmann::json::parse(trace);
+  nlohmann::json as_array = wrapped.is_array() ? wrapped : wrapped["traceEvents"];
+  nlohmann::json with_other = {{"other", {{{"ph", "X"}, {"pid", 99}}}}, {"traceEvents", as_array}};
+  for (const nlohmann::json& form : {as_array, with_other}) {
+    Result<std::vector<TraceSample>> same = DurationsFromTrace(form.dump(), "t.json", sp.program, job->cost->cluster());
+    ASSERT_TRUE(same.ok()) << same.status().message();
+    ASSERT_EQ(same->size(), samples->size());
+    for (size_t i = 0; i < same->size(); ++i) {
+      EXPECT_EQ((*same)[i].signature, (*samples)[i].signature);
+      EXPECT_EQ((*same)[i].count, (*samples)[i].count);
+    }
+  }
 
   // With collectives: each all_reduce instance once (the shortest span over its ranks), and the
   // step re-simulated on a database that now prices every op is the same step.
