@@ -262,7 +262,7 @@ std::string TableNotes(const std::vector<RunResult>& runs) {
 
 std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& lb, const std::string& title) {
   std::string out = title + "\n";
-  out += fmt::format("{:<20} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>10} {:>12}\n", "scheduler", "iteration_ms",
+  out += fmt::format("{:<20} {:>14} {:>12} {:>14} {:>9} {:>8} {:>10} {:>10} {:>12}\n", "scheduler", "step_ms",
                      "vs_best", "exposed_comm_ms", "overlap", "T/LB", "LB_ms", "fused_ops", "peak_mem_GiB");
   // vs_best: against the fastest run that fits the memory budget (all runs
   // when none does); a run over the budget is marked OOM.

@@ -514,7 +514,7 @@ int CmdDemo(const std::string& trace, bool json) {
   }
   std::cout << "Times are predictions of Concerto's cost model for the named cluster (docs/cost-model.md), not\n"
                "measurements. Each row is one scheduler's policy on the same program; concerto is this tool.\n"
-               "Columns: iteration_ms one training step; vs_best against the fastest run that fits memory; exposed_comm_ms\n"
+               "Columns: step_ms one training step; vs_best against the fastest run that fits memory; exposed_comm_ms\n"
                "communication nothing hides; overlap the share hidden; T/LB time over the lower bound (1.000: optimal).\n";
   std::cout << (trace.empty() ? std::string("No file was written (--trace FILE writes the best a800-4x8 schedule's trace).\n")
                               : "Trace of the best a800-4x8 schedule: " + trace + "\n");
