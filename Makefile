@@ -50,20 +50,26 @@ SANITIZE_EXCLUDE ?= Backends/BackendTest.SameProblemSameAnswer/cbc:Backends/Back
 # no driver header, so the driver library is not built either. The libraries
 # build as unity builds too (CMAKE_UNITY_BUILD).
 SANITIZE_CXX ?= clang++
+# The same build carries the fuzzer's coverage (CONCERTO_FUZZ), so CI's
+# sanitizer job also runs every libFuzzer target briefly (a smoke run from the
+# seeds; make fuzz-smoke and docs/fuzzing.md for the long runs).
+SANITIZE_FUZZ_SECONDS ?= 15
 empty :=
 space := $(empty) $(empty)
 sanitize:
 	@bash scripts/setup.sh clang
 	CXX=$(SANITIZE_CXX) cmake -S . -B $(SANITIZE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" \
-	  -DCONCERTO_SANITIZE=ON -DCMAKE_UNITY_BUILD=ON -DCONCERTO_SANITIZE_TESTS="$(subst $(space),;,$(strip $(SANITIZE_TESTS)))"
-	cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target sanitize_tests
+	  -DCONCERTO_SANITIZE=ON -DCONCERTO_FUZZ=ON -DCMAKE_UNITY_BUILD=ON \
+	  -DCONCERTO_SANITIZE_TESTS="$(subst $(space),;,$(strip $(SANITIZE_TESTS)))"
+	cmake --build $(SANITIZE_BUILD) -j $(JOBS) --target sanitize_tests $(FUZZ_TARGETS)
 	bash scripts/sanitize_tests.sh $(SANITIZE_BUILD)/sanitize_tests $(JOBS) "$(SANITIZE_EXCLUDE)"
+	bash scripts/fuzz.sh $(SANITIZE_BUILD) $(SANITIZE_FUZZ_SECONDS) $(FUZZ_TARGETS)
 
 # libFuzzer targets (fuzz/, docs/fuzzing.md), built with clang and ASan +
 # UBSan; fuzz-smoke runs each for FUZZ_SECONDS (60) and fails on any finding.
 FUZZ_BUILD ?= build-fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS ?= fuzz_program fuzz_schedule fuzz_plan fuzz_cluster fuzz_sharding fuzz_model
+FUZZ_TARGETS ?= fuzz_program fuzz_schedule fuzz_plan fuzz_cluster fuzz_sharding fuzz_model fuzz_trace fuzz_profile
 fuzz:
 	@bash scripts/setup.sh clang
 	CXX=clang++ cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O1 -g1" -DCONCERTO_FUZZ=ON

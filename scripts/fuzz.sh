@@ -13,7 +13,7 @@ BUILD=${1:?usage: scripts/fuzz.sh BUILD SECONDS [TARGET...]}
 SECONDS_EACH=${2:?usage: scripts/fuzz.sh BUILD SECONDS [TARGET...]}
 shift 2
 TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(fuzz_program fuzz_schedule fuzz_plan fuzz_cluster fuzz_sharding fuzz_model)
+((${#TARGETS[@]})) || TARGETS=(fuzz_program fuzz_schedule fuzz_plan fuzz_cluster fuzz_sharding fuzz_model fuzz_trace fuzz_profile)
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 SEEDS="$BUILD/fuzz-seeds"
 mkdir -p "$BUILD/fuzz-artifacts"
@@ -26,7 +26,7 @@ seed() {  # seed DIR PREFIX FILES...
   for f in "$@"; do
     [[ -f "$f" ]] || continue
     if [[ -n "$prefix" ]]; then
-      { printf "\\$prefix"; cat "$f"; } >"$dir/$(basename "$f")"
+      { printf "\\$prefix"; cat "$f"; } >"$dir/$prefix-$(basename "$f")"
     else
       cp "$f" "$dir/"
     fi
@@ -44,7 +44,11 @@ seed_target() {  # seed_target TARGET
     fuzz_cluster) seed "$SEEDS/$1" "000" "$ROOT"/examples/clusters/*.yaml "$ROOT"/tests/golden/clusters/*.yaml
                   seed "$SEEDS/$1" "001" "$ROOT"/examples/clusters/*.json "$ROOT"/tests/golden/clusters/*.json ;;
     fuzz_sharding) seed "$SEEDS/$1" "" "$ROOT"/examples/plans/*.json "$ROOT"/tests/errors/sharding_*.json ;;
-    fuzz_model) seed "$SEEDS/$1" "" "$ROOT"/examples/models/*.yaml ;;
+    fuzz_model) seed "$SEEDS/$1" "000" "$ROOT"/examples/models/*.yaml
+                seed "$SEEDS/$1" "001" "$ROOT"/examples/models/vit-*.yaml "$ROOT"/fuzz/seeds/model/*.yaml ;;
+    fuzz_trace) seed "$SEEDS/$1" "000" "$ROOT"/fuzz/seeds/trace/*.json
+                seed "$SEEDS/$1" "001" "$ROOT"/fuzz/seeds/trace/*.json ;;
+    fuzz_profile) seed "$SEEDS/$1" "" "$ROOT"/fuzz/seeds/profile/*.json ;;
     *) echo "fuzz: unknown target $1" >&2; exit 2 ;;
   esac
 }

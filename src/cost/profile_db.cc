@@ -143,9 +143,13 @@ double ProfileDb::Lookup(const std::string& device, const std::string& signature
 Result<ProfileDb> ProfileDb::Read(const std::string& path) {
   Result<std::string> text = ReadInputFile(path, "profile database", kMaxLargeInputBytes);
   if (!text.ok()) return text.status();
+  return Parse(*text, path);
+}
+
+Result<ProfileDb> ProfileDb::Parse(const std::string& text, const std::string& path) {
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(*text);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     return Status::Error(path + ": JSON parse error: " + e.what());
   }

@@ -438,8 +438,12 @@ Result<std::optional<VisionConfig>> LoadVisionSpec(const std::string& path) {
   if (!std::filesystem::is_regular_file(path, ec)) return std::optional<VisionConfig>();
   Result<std::string> text = ReadInputFile(path, "model spec file", kMaxSmallInputBytes);
   if (!text.ok()) return text.status();
+  return ParseVisionSpec(*text, path);
+}
+
+Result<std::optional<VisionConfig>> ParseVisionSpec(const std::string& text, const std::string& path) {
   try {
-    const YAML::Node root = YAML::Load(*text);
+    const YAML::Node root = YAML::Load(text);
     if (!root.IsMap() || !root["family"] || !root["family"].IsScalar()) return std::optional<VisionConfig>();
     const std::string family = root["family"].Scalar();
     if (family != "vit" && family != "wide-resnet") return std::optional<VisionConfig>();

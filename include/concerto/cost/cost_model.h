@@ -153,6 +153,8 @@ class ProfileDb {
   const std::map<std::pair<std::string, std::string>, double>& entries() const { return entries_; }
 
   static Result<ProfileDb> Read(const std::string& path);
+  /// A database's text (what Read reads from `source`), every entry checked.
+  static Result<ProfileDb> Parse(const std::string& text, const std::string& source);
   std::string Write() const;
 
  private:

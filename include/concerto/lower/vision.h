@@ -52,6 +52,8 @@ Result<VisionConfig> VisionPreset(const std::string& name);
 /// image, classes, batch, dtype; vit: patch, layers, hidden, heads, mlp;
 /// wide-resnet: blocks (four counts), width_factor.
 Result<std::optional<VisionConfig>> LoadVisionSpec(const std::string& path);
+/// LoadVisionSpec of a file's text (`source` names it in messages).
+Result<std::optional<VisionConfig>> ParseVisionSpec(const std::string& text, const std::string& source);
 
 /// The size limits of docs/ir.md "Limits" for `config` at a batch of
 /// `images`: at most kMaxModelLayers layers (ViT) or bottleneck blocks (all
