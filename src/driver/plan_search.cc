@@ -14,6 +14,7 @@
 #include "concerto/ir/graph_index.h"
 #include "concerto/lower/frontend.h"
 #include "concerto/sim/lower_bound.h"
+#include "concerto/util/stopwatch.h"
 
 namespace concerto {
 
@@ -72,7 +73,6 @@ std::string Label(const PlanCandidate& c) {
 }
 
 using Clock = std::chrono::steady_clock;
-double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 /// Bytes of every graph input (a tensor no op writes: parameters, optimizer
 /// state, data) of the role's graph: all of them are live at time 0, so their

@@ -30,6 +30,7 @@
 #include "concerto/runtime/executor.h"
 #include "concerto/runtime/kernels.h"
 #include "concerto/schedule/schedule.h"
+#include "concerto/util/stopwatch.h"
 
 namespace concerto {
 
@@ -79,10 +80,6 @@ void FillSynthetic(const Tensor& t, size_t slot, bool non_negative, std::vector<
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
 
 double Median(std::vector<double> v) {
   assert(!v.empty());
@@ -1548,7 +1545,7 @@ Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_tex
     return !(depth == 1 && (event == Event::object_end || event == Event::array_end || event == Event::value));
   };
   try {
-    nlohmann::json::parse(trace_text, callback);
+    (void)nlohmann::json::parse(trace_text, callback);  // the events were taken by the callback
   } catch (const Stop&) {
     return failed;
   } catch (const nlohmann::json::exception& e) {

@@ -23,6 +23,7 @@
 #pragma GCC diagnostic pop
 
 #include "concerto/schedule/window_solver.h"
+#include "concerto/util/stopwatch.h"
 
 namespace concerto {
 namespace {
@@ -205,9 +206,6 @@ void ConfigureSearch(const Ilp& ilp, CbcModel* model) {
 }
 
 using Clock = std::chrono::steady_clock;
-
-/// Seconds since `t0`.
-double SecondsSince(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 /// Builds and solves the ILP under the CBC lock. The root LP goes through
 /// initialSolve (presolve; several times faster than the dual simplex that
