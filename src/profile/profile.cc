@@ -1545,7 +1545,8 @@ Result<std::vector<TraceSample>> DurationsFromTrace(const std::string& trace_tex
     return !(depth == 1 && (event == Event::object_end || event == Event::array_end || event == Event::value));
   };
   try {
-    (void)nlohmann::json::parse(trace_text, callback);  // the events were taken by the callback
+    const nlohmann::json rest = nlohmann::json::parse(trace_text, callback);  // the events were taken
+    (void)rest;
   } catch (const Stop&) {
     return failed;
   } catch (const nlohmann::json::exception& e) {
