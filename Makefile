@@ -19,10 +19,10 @@ $(BUILD)/build.ninja:
 build: setup $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# Builds only the tools (not the tests and benchmarks) before running the demo: the CLI and the
-# MPI rank program `concerto run` launches.
+# Builds only the tools (not the tests and benchmarks) before running the demo: the CLI, the
+# MPI rank program `concerto run` launches and the Python module (README's tour uses all three).
 demo: setup $(BUILD)/build.ninja
-	cmake --build $(BUILD) -j $(JOBS) --target concerto_cli concerto_mpi_run
+	cmake --build $(BUILD) -j $(JOBS) --target concerto_cli concerto_mpi_run concerto_python
 	./$(BUILD)/concerto demo --trace $(BUILD)/demo_trace.json
 
 test: setup-torch build
