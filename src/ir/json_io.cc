@@ -922,10 +922,102 @@ Result<Program> ReadProgramFile(const std::string& path) {
   return ParseProgram(*text, path);
 }
 
+namespace {
+
+/// `key` and its separator as WritePretty writes an object member's head.
+std::string KeyText(const char* key) { return ScalarText(ojson(key)) + ": "; }
+
+/// Appends what WritePretty would write for an array of the `count` objects
+/// `element(i)` makes, holding one of them at a time: on one line when all
+/// fit in kLineWidth from `column`, else one per line.
+template <class Element>
+void WriteObjectArray(size_t count, const Element& element, size_t indent, size_t column, std::string* out) {
+  if (count == 0) {
+    *out += "[]";
+    return;
+  }
+  const size_t mark = out->size();
+  if (column <= kLineWidth) {  // AppendInline's form, stopped at the limit
+    const size_t limit = mark + (kLineWidth - column);
+    bool fits = true;
+    *out += '[';
+    for (size_t i = 0; i < count && fits; ++i) {
+      if (i > 0) *out += ", ";
+      fits = out->size() <= limit && AppendInline(element(i), limit, out);
+    }
+    if (fits) {
+      *out += ']';
+      if (out->size() <= limit) return;
+    }
+    out->resize(mark);
+  }
+  const std::string pad(indent + 2, ' ');
+  *out += "[\n";
+  for (size_t i = 0; i < count; ++i) {
+    if (i > 0) *out += ",\n";
+    *out += pad;
+    WritePretty(element(i), indent + 2, pad.size(), out);
+  }
+  *out += "\n" + std::string(indent, ' ') + "]";
+}
+
+/// A graph with ops as WritePretty writes it at `indent` (never on one line:
+/// an op alone is wider than kLineWidth), one tensor or op at a time.
+void WriteGraphStreaming(const Graph& g, size_t indent, std::string* out) {
+  const std::string pad(indent + 2, ' ');
+  *out += "{\n" + pad + KeyText("name");
+  WritePretty(ojson(g.name), indent + 2, pad.size() + KeyText("name").size(), out);
+  *out += ",\n" + pad + KeyText("streams");
+  WritePretty(ojson(g.streams), indent + 2, pad.size() + KeyText("streams").size(), out);
+  *out += ",\n" + pad + KeyText("tensors");
+  WriteObjectArray(
+      g.tensors.size(), [&](size_t i) { return TensorJson(g.tensors[i]); }, indent + 2,
+      pad.size() + KeyText("tensors").size(), out);
+  *out += ",\n" + pad + KeyText("ops");
+  WriteObjectArray(
+      g.ops.size(), [&](size_t i) { return OpJson(g.ops[i]); }, indent + 2, pad.size() + KeyText("ops").size(), out);
+  *out += "\n" + std::string(indent, ' ') + "}";
+}
+
+}  // namespace
+
 std::string WriteProgram(const Program& program) {
   std::string out;
-  WritePretty(ProgramJson(program), 0, 0, &out);
-  out += "\n";
+  const bool any_ops =
+      std::any_of(program.graphs.begin(), program.graphs.end(), [](const Graph& g) { return !g.ops.empty(); });
+  if (!any_ops) {  // small: the document at once
+    WritePretty(ProgramJson(program), 0, 0, &out);
+    out += "\n";
+    return out;
+  }
+  // The same text as WritePretty(ProgramJson(program)) without the document
+  // tree (about 3 KB an op): each graph's tensors and ops are converted one at
+  // a time. The program, its graph list and every graph with ops span lines.
+  ojson head = ProgramJson(Program{program.name, program.mesh, {}, program.roles});
+  out += "{\n";
+  bool first = true;
+  for (auto it = head.begin(); it != head.end(); ++it) {
+    out += first ? "  " : ",\n  ";
+    first = false;
+    const std::string key = ScalarText(ojson(it.key())) + ": ";
+    out += key;
+    if (it.key() != "graphs") {
+      WritePretty(it.value(), 2, 2 + key.size(), &out);
+      continue;
+    }
+    out += "[\n";
+    for (size_t i = 0; i < program.graphs.size(); ++i) {
+      out += i > 0 ? ",\n    " : "    ";
+      const Graph& g = program.graphs[i];
+      if (g.ops.empty()) {
+        WritePretty(GraphJson(g), 4, 4, &out);
+      } else {
+        WriteGraphStreaming(g, 4, &out);
+      }
+    }
+    out += "\n  ]";
+  }
+  out += "\n}\n";
   return out;
 }
 

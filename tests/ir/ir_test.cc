@@ -468,6 +468,22 @@ TEST(IrJson, WriterWritesIntegralDoublesAsIntegersAndEveryField) {
   EXPECT_EQ(text.rfind("{\n  \"format\": \"concerto-ir\",\n  \"version\": 1,", 0), 0u);
 }
 
+// The writer converts one tensor or op at a time (a document tree of the
+// whole program cost about 3 KB an op) and must still lay the text out as the
+// document writer does: containers within 100 columns on one line, the rest
+// one member per line. tests/golden/writer/: NAME.json in, NAME.expected.json
+// out. send_recv: each graph's single tensor fits on its line inside a graph
+// that spans lines (an op never fits); idle_graph: a graph without ops (its
+// tensors on one line) beside one whose two tensors do not fit.
+TEST(IrJson, WriterLayoutMatchesTheGoldenFiles) {
+  for (const std::string name : {"send_recv", "idle_graph"}) {
+    const std::string dir = std::string(CONCERTO_SOURCE_DIR) + "/tests/golden/writer/";
+    Result<Program> p = ReadProgramFile(dir + name + ".json");
+    ASSERT_TRUE(p.ok()) << p.status().message();
+    EXPECT_EQ(WriteProgram(*p), ReadText(dir + name + ".expected.json")) << name;
+  }
+}
+
 TEST(IrJson, IntegralFloatsAreAcceptedForIntegerFields) {
   std::string text = ReadText(ExamplePath("dp_matmul_allreduce.json"));
   size_t at = text.find("\"size\": 2");
