@@ -252,9 +252,12 @@ AnalyticCostModel::AnalyticCostModel(ClusterSpec cluster)
     : cluster_(std::move(cluster)), layouts_(std::make_shared<LayoutCache>()) {}
 
 AnalyticCostModel::GroupLayout AnalyticCostModel::LayoutOf(const Op& op, const PriceContext& ctx) const {
+  // Keyed by the group (its leader), not by the rank asking: a group of n
+  // ranks is enumerated once, not n times (dp=16384 listed 16,384 members for
+  // each rank's all-reduce: quadratic in the ranks).
   std::string key;
   for (const MeshAxis& a : ctx.mesh.axes) key += a.name + ":" + std::to_string(a.size) + ",";
-  key += "|" + GroupSpecKey(op.group) + "|" + std::to_string(ctx.rank);
+  key += "|" + GroupSpecKey(op.group) + "|" + std::to_string(GroupLeader(ctx.mesh, op.group, ctx.rank));
   {
     std::lock_guard<std::mutex> lock(layouts_->mu);
     auto it = layouts_->layouts.find(key);

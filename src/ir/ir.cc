@@ -167,6 +167,17 @@ std::vector<int> GroupRanks(const Mesh& mesh, const Group& group, int rank) {
   return out;
 }
 
+int GroupLeader(const Mesh& mesh, const Group& group, int rank) {
+  if (!group.ranks.empty()) return *std::min_element(group.ranks.begin(), group.ranks.end());
+  std::vector<int> coords = mesh.Coords(rank);
+  for (const auto& name : group.axes) {
+    const int i = mesh.AxisIndex(name);
+    if (i < 0) return -1;
+    coords[static_cast<size_t>(i)] = 0;
+  }
+  return mesh.RankOf(coords);
+}
+
 std::string GroupSpecKey(const Group& group) {
   std::string key;
   for (const auto& a : group.axes) key += a + ",";

@@ -318,16 +318,23 @@ std::vector<std::string> VerifySchedule(const Program& program, const Schedule& 
       if (inserted) specs.push_back(&g.ops[i].group);
       spec_of[i] = it->second;
     }
+    // Per (spec, group leader): whether the group reaches other roles, and its
+    // key; each group's members are listed once, not once per member.
+    std::map<std::pair<size_t, int>, std::pair<bool, std::string>> groups;
     for (int rank : v.role->ranks) {
       // Groups that stay inside this role see the same schedule on every
       // member, so only groups reaching other roles are recorded.
       std::vector<std::string> crossing(specs.size());
       for (size_t k = 0; k < specs.size(); ++k) {
-        std::vector<int> members = GroupRanks(program.mesh, *specs[k], rank);
-        bool crosses = std::any_of(members.begin(), members.end(), [&](int m) {
-          return m < 0 || m >= static_cast<int>(role_of_rank.size()) || role_of_rank[m] != role_index;
-        });
-        if (crosses || rank == v.role->ranks[0]) crossing[k] = GroupKey(members);
+        auto [at, fresh] = groups.try_emplace({k, GroupLeader(program.mesh, *specs[k], rank)});
+        if (fresh) {
+          const std::vector<int> members = GroupRanks(program.mesh, *specs[k], rank);
+          at->second.first = std::any_of(members.begin(), members.end(), [&](int m) {
+            return m < 0 || m >= static_cast<int>(role_of_rank.size()) || role_of_rank[m] != role_index;
+          });
+          at->second.second = GroupKey(members);
+        }
+        if (at->second.first || rank == v.role->ranks[0]) crossing[k] = at->second.second;
       }
       for (int s = 0; s < static_cast<int>(v.orders.size()); ++s) {
         for (int i : v.orders[s]) {

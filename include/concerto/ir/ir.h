@@ -207,6 +207,12 @@ struct Program {
 /// Global ranks in `group` as seen from `rank`, ascending. Empty when the
 /// group names an unknown axis.
 std::vector<int> GroupRanks(const Mesh& mesh, const Group& group, int rank);
+/// The smallest rank of `group` as seen from `rank`, found without listing
+/// the members (an axis group: the rank's coordinates on its axes set to 0):
+/// equal for every member, so per-group work can be keyed by it instead of
+/// being repeated per rank. -1 when the group names an unknown axis or lists
+/// no ranks.
+int GroupLeader(const Mesh& mesh, const Group& group, int rank);
 /// Text that is equal for equal group specs ("axes|ranks"), for map keys.
 std::string GroupSpecKey(const Group& group);
 /// The peer rank of a send/recv on `rank`, or -1 when it falls off the mesh.
