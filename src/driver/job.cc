@@ -140,6 +140,8 @@ Result<CompareResult> CompareJob(const JobSpec& spec, const std::vector<std::str
   Result<std::vector<RunResult>> runs = Compare(program.program, schedulers, *out.cost, spec.options, progress);
   if (!runs.ok()) return runs.status();
   out.runs = std::move(runs).value();
+  CONCERTO_RETURN_IF_ERROR(
+      AddEqualMemoryRun(program.program, *out.cost, spec.options, &out.runs, progress, &out.equal_memory_missing));
   return out;
 }
 
@@ -278,6 +280,8 @@ nlohmann::json CompareResultJson(const JobSpec& spec, const CompareResult& compa
   nlohmann::json j = CompareJson(compared.runs, compared.input_bound, compared.cost->cluster().name);
   j["program"] = compared.label;
   j["options"] = OptionsJson(spec.options);
+  if (!compared.equal_memory_missing.empty() && j.contains("concerto_vs_best_baseline"))
+    j["concerto_vs_best_baseline"]["equal_memory_missing"] = compared.equal_memory_missing;
   return j;
 }
 

@@ -99,6 +99,42 @@ TEST(CompareJob, RunsEverySchedulerThroughTheSamePipeline) {
   }
 }
 
+// Concerto's gain at the fastest baseline's memory (issue 43): on gpt-tiny dp=4 concerto's own
+// schedule holds more than ddp's (32.6 vs 30.4 MB), so compare schedules it again with ddp's peak
+// as its budget; that run fits it and is no faster than the free one.
+TEST(CompareJob, HoldsConcertoToTheFastestBaselinesMemory) {
+  JobSpec spec;
+  spec.model = "gpt-tiny";
+  spec.plan = "dp=4";
+  Result<CompareResult> compared = CompareJob(spec, {"fifo", "ddp", "concerto"});
+  ASSERT_TRUE(compared.ok()) << compared.status().message();
+  ASSERT_EQ(compared->runs.size(), 4u);
+  const Summary& ddp = compared->runs[1].summary;
+  const Summary& free = compared->runs[2].summary;
+  const Summary& held = compared->runs[3].summary;
+  ASSERT_EQ(held.scheduler, kEqualMemoryRow);
+  ASSERT_GT(free.peak_memory_bytes, ddp.peak_memory_bytes);
+  EXPECT_EQ(held.memory_budget_bytes, ddp.peak_memory_bytes);
+  EXPECT_LE(held.peak_memory_bytes, ddp.peak_memory_bytes);
+  EXPECT_TRUE(held.fits_memory);
+  EXPECT_GE(held.makespan_us, free.makespan_us);
+  const nlohmann::json j = CompareResultJson(spec, *compared);
+  EXPECT_EQ(j["concerto_vs_best_baseline"]["baseline"], "ddp");
+  EXPECT_EQ(j["concerto_vs_best_baseline"]["equal_memory_scheduler"], kEqualMemoryRow);
+  EXPECT_DOUBLE_EQ(j["concerto_vs_best_baseline"]["equal_memory_speedup"].get<double>(),
+                   ddp.makespan_us / held.makespan_us);
+  const std::string table = CompareTable(compared->runs, compared->input_bound, "t");
+  EXPECT_NE(table.find("note: concerto-eqmem is concerto held to the peak memory of the fastest baseline that "
+                       "fits, ddp"),
+            std::string::npos)
+      << table;
+  // A budget of the user's own at or under ddp's peak already holds concerto: no second run.
+  spec.options.memory_budget = static_cast<double>(ddp.peak_memory_bytes);
+  Result<CompareResult> budgeted = CompareJob(spec, {"fifo", "ddp", "concerto"});
+  ASSERT_TRUE(budgeted.ok()) << budgeted.status().message();
+  EXPECT_EQ(budgeted->runs.size(), 3u);
+}
+
 // The table says why two rows are the same schedule: on a dp-only plan megatron-tp-overlap has no
 // tensor-parallel collective to chunk and deepspeed-overlap no ZeRO collective to overlap.
 TEST(CompareJob, TheTableExplainsRowsThatAreTheSameSchedule) {

@@ -432,6 +432,7 @@ int CmdCompare(const std::string& file, const std::string& model, const std::str
     std::cout << DumpJson(CompareResultJson(spec, *compared), 2) << "\n";
   } else {
     std::cout << CompareTable(compared->runs, compared->input_bound, compared->label + " on " + cluster);
+    if (!compared->equal_memory_missing.empty()) std::cout << "note: " << compared->equal_memory_missing << "\n";
   }
   return 0;
 }
@@ -492,9 +493,11 @@ int CmdDemo(const std::string& trace, bool json) {
     const LowerBound& bound = compared->input_bound;
     const std::string& name = compared->cost->cluster().name;
     if (json) {
-      all["clusters"].push_back(CompareJson(runs, bound, name));
+      all["clusters"].push_back(CompareResultJson(spec, *compared));
     } else {
-      std::cout << CompareTable(runs, bound, fmt::format("{} ({}) on {}", model, plan_text, name)) << "\n";
+      std::cout << CompareTable(runs, bound, fmt::format("{} ({}) on {}", model, plan_text, name));
+      if (!compared->equal_memory_missing.empty()) std::cout << "note: " << compared->equal_memory_missing << "\n";
+      std::cout << "\n";
     }
     if (cluster == "a800-4x8" && !trace.empty()) {
       // The fastest run that fits the memory budget (any run when none does).

@@ -87,6 +87,22 @@ Result<std::vector<RunResult>> Compare(const Program& program, const std::vector
                                        const CostModel& cost, const Options& options,
                                        const std::function<void(const std::string&)>& progress = nullptr);
 
+/// The row AddEqualMemoryRun adds to a comparison.
+inline constexpr const char* kEqualMemoryRow = "concerto-eqmem";
+
+/// Concerto held to the fastest baseline's memory: when `runs` (a Compare's)
+/// hold a concerto run whose peak is above the peak of the fastest baseline
+/// that fits the budget, schedules concerto again with that peak as its
+/// memory budget and appends the run as kEqualMemoryRow (a gain bought with
+/// memory is no gain to a user who needs that memory for a larger batch).
+/// Nothing is added when concerto already fits it, when no baseline fits, or
+/// when `options`' own budget is already at or under it; a budget concerto
+/// cannot meet is not an error: the row is then missing and the reason is
+/// returned in `why_not` (when set).
+Status AddEqualMemoryRun(const Program& program, const CostModel& cost, const Options& options,
+                         std::vector<RunResult>* runs, const ProgressFn& progress = nullptr,
+                         std::string* why_not = nullptr);
+
 /// A fixed-width comparison table (one row per scheduler); `input_bound` is
 /// the lower bound of the program before any scheduler rewrote it.
 std::string CompareTable(const std::vector<RunResult>& runs, const LowerBound& input_bound,

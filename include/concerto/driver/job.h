@@ -100,7 +100,8 @@ struct CompareResult {
   std::string label;
   std::unique_ptr<CostModel> cost;
   LowerBound input_bound;  // of the program as given, before any rewrite
-  std::vector<RunResult> runs;
+  std::vector<RunResult> runs;  // one per scheduler, then kEqualMemoryRow when AddEqualMemoryRun made it
+  std::string equal_memory_missing;  // why concerto could not be held to the best baseline's memory
 };
 Result<CompareResult> CompareJob(const JobSpec& spec, const std::vector<std::string>& schedulers,
                                  const ProgressFn& progress = nullptr);
