@@ -329,7 +329,16 @@ std::vector<const Op*> OriginalOps(const Graph& g, const Candidate& cand) {
 
 /// Replaces the ops of every rewrite in `g`, each new op at its anchor, and
 /// restores a topological program order that keeps that order where it can.
+/// A tensor only the replaced ops read or wrote (a collective's whole output
+/// that no op reads any more, a matmul's whole output now made in chunks)
+/// leaves the graph with them: an unreferenced tensor is held for the whole
+/// step by the memory model, like an unused parameter (docs/decompose.md).
 void ApplyRewrites(Graph& g, std::vector<Rewrite>& rewrites) {
+  std::unordered_set<std::string> was_referenced;
+  for (const Op& op : g.ops) {
+    was_referenced.insert(op.inputs.begin(), op.inputs.end());
+    was_referenced.insert(op.outputs.begin(), op.outputs.end());
+  }
   std::unordered_set<int> removed;
   std::unordered_map<int, std::vector<int>> redirect;  // removed op id -> new op ids that stand for it
   std::unordered_map<int, std::vector<Op*>> before_op, in_place_of;
@@ -361,6 +370,12 @@ void ApplyRewrites(Graph& g, std::vector<Rewrite>& rewrites) {
     }
     op.control_deps = std::move(deps);
   }
+  std::unordered_set<std::string> referenced;
+  for (const Op& op : ops) {
+    referenced.insert(op.inputs.begin(), op.inputs.end());
+    referenced.insert(op.outputs.begin(), op.outputs.end());
+  }
+  std::erase_if(g.tensors, [&](const Tensor& t) { return was_referenced.count(t.name) && !referenced.count(t.name); });
   for (auto& rw : rewrites)
     for (auto& t : rw.tensors) g.tensors.push_back(std::move(t));
   g.ops = std::move(ops);
