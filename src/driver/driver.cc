@@ -270,6 +270,9 @@ std::string WhyEqual(const std::string& a, const std::string& b) {
   if (is("megatron", "megatron-tp-overlap"))
     return "megatron-tp-overlap chunks a tensor-parallel GEMM with its collective along the micro-batch's "
            "leading dimension, and found nothing to chunk here (no such collective, or a micro-batch of 1)";
+  if (is("megatron", "zb-h1"))
+    return "zb-h1 defers weight gradients only on a plain 1F1B pipeline (every stage but the first); "
+           "the plan has none, or its pipeline is interleaved";
   if (is("zero", "deepspeed-overlap"))
     return "deepspeed-overlap changes only how ZeRO's gradient and parameter collectives overlap; the plan "
            "has no ZeRO sharding, or its collectives were already overlapped";

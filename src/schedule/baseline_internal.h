@@ -133,8 +133,16 @@ Result<GraphPlan> PlanDdp(const Graph& graph, const BaselineOptions& options);
 /// `tp_overlap`: the graph's tensor-parallel all-gathers and reduce-scatters
 /// were chunked with their GEMMs (TransformerEngine's userbuffers overlap):
 /// the chunks (ops named "<collective>.c<k>") run async beside the GEMM chunks.
+/// `async_p2p`: pipeline sends and recvs async on their peer streams (always so
+/// on an interleaved pipeline: Megatron's overlap_p2p_comm).
 Result<GraphPlan> PlanMegatron(const Graph& graph, const Mesh& mesh, const BaselineOptions& options,
-                               bool tp_overlap = false);
+                               bool tp_overlap = false, bool async_p2p = false);
+/// Megatron's policy on a zero-bubble ZB-H1 order (Qi et al., ICLR 2024): on
+/// a plain 1F1B pipeline stage r defers each micro-batch's weight-gradient
+/// ops (W) until after the input-gradient ops (B) of the micro-batch r later
+/// (the last ones to the end), so the previous stage gets its gradient
+/// sooner and the W fill the tail; same as megatron on other graphs.
+Result<GraphPlan> PlanZeroBubbleH1(const Graph& graph, const Mesh& mesh, const BaselineOptions& options);
 /// `overlap_comm`: DeepSpeed's overlap_comm for the gradient buckets: a
 /// bucket's reduction is issued on the reduction stream only after the
 /// compute stream waited for the previous bucket's (two ipg buffers, one

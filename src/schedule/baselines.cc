@@ -433,6 +433,7 @@ static Result<GraphPlan> PlanGraph(const std::string& name, const Graph& graph, 
   if (name == "ddp") return PlanDdp(graph, options);
   if (name == "megatron") return PlanMegatron(graph, mesh, options);
   if (name == "megatron-tp-overlap") return PlanMegatron(graph, mesh, options, /*tp_overlap=*/true);
+  if (name == "zb-h1") return PlanZeroBubbleH1(graph, mesh, options);
   if (name == "zero") return PlanZero(graph, mesh, options);
   if (name == "deepspeed-overlap") return PlanZero(graph, mesh, options, /*overlap_comm=*/true);
   assert(name == "xla-lhs");
@@ -442,7 +443,8 @@ static Result<GraphPlan> PlanGraph(const std::string& name, const Graph& graph, 
 }  // namespace baseline
 
 std::vector<std::string> BaselineNames() {
-  return {"sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zero", "deepspeed-overlap", "xla-lhs"};
+  return {"sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zb-h1", "zero", "deepspeed-overlap",
+          "xla-lhs"};
 }
 
 Result<ScheduledProgram> RunBaseline(const std::string& name, const Program& program_in,

