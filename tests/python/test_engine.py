@@ -55,8 +55,8 @@ CASES_4 = [
     ("gpt-tiny", "dp=2,tp=2", "concerto", "f64"),
     ("llama-tiny", "pp=2,dp=2,zero=1,microbatches=2", "megatron", "f64"),
 ]
-FULL_SCHEDULERS = ["sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zero", "deepspeed-overlap",
-                   "xla-lhs", "concerto"]
+FULL_SCHEDULERS = ["sequential", "fifo", "ddp", "megatron", "megatron-tp-overlap", "zb-h1", "zero",
+                   "deepspeed-overlap", "xla-lhs", "concerto"]
 FULL_PLANS_2 = ["dp=2", "tp=2", "tp=2,sp", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3", "pp=2,microbatches=4"]
 
 # The presets' fields (`concerto models`), as model files can state them with another batch;

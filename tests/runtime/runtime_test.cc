@@ -440,12 +440,12 @@ std::vector<Case> Cases() {
       {"dp=2,zero=1", {"zero"}},
       {"dp=2,zero=2", {"zero", "deepspeed-overlap"}},
       {"dp=2,zero=3", {"zero", "concerto"}},
-      {"pp=2,microbatches=2", {"sequential", "xla-lhs", "concerto"}},
+      {"pp=2,microbatches=2", {"sequential", "xla-lhs", "zb-h1", "concerto"}},
       {"dp=2,tp=2,recompute=selective", {"megatron"}},
       {"tp=2,sp,recompute=full", {"megatron-tp-overlap", "concerto"}},
       {"dp=2,zero=3,recompute=full", {"zero"}},
       {"pp=2,microbatches=2,recompute=full", {"xla-lhs"}}};
-  const std::vector<std::string> all = {"sequential", "ddp",       "megatron", "megatron-tp-overlap",
+  const std::vector<std::string> all = {"sequential", "ddp",      "megatron", "megatron-tp-overlap", "zb-h1",
                                         "zero",       "deepspeed-overlap", "xla-lhs",  "concerto"};
   std::vector<Case> cases;
   for (const std::string model : {"gpt-tiny", "llama-tiny"})
