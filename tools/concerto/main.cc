@@ -1182,7 +1182,10 @@ int RealMain(int argc, char** argv) {
 
   std::string compare_file;
   std::vector<std::string> compare_schedulers;
-  auto* compare = app.add_subcommand("compare", "every scheduler side by side on one program");
+  auto* compare = app.add_subcommand(
+      "compare",
+      "every scheduler side by side on one program; when concerto's schedule holds more memory than the fastest "
+      "baseline that fits, a second concerto run held to that baseline's peak (row concerto-eqmem)");
   std::string compare_model, compare_plan = "dp=1";
   compare->add_option("FILE", compare_file, "program in the IR's JSON form (or use --model and --plan)");
   compare->add_option("--model", compare_model, "lower this model preset or spec file instead of reading FILE");
