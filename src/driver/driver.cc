@@ -283,16 +283,21 @@ std::string WhyEqual(const std::string& a, const std::string& b) {
 /// to coincide), and a concerto row whose peak memory differs from every baseline's.
 std::string TableNotes(const std::vector<RunResult>& runs) {
   std::string out;
-  for (size_t i = 0; i < runs.size(); ++i)
-    for (size_t j = i + 1; j < runs.size(); ++j) {
+  // One note per row that repeats an earlier one: the earlier row with a known reason, else the first.
+  for (size_t j = 1; j < runs.size(); ++j) {
+    const Summary& b = runs[j].summary;
+    const Summary* same = nullptr;
+    std::string why;
+    for (size_t i = 0; i < j && why.empty(); ++i) {
       const Summary& a = runs[i].summary;
-      const Summary& b = runs[j].summary;
       if (std::abs(a.makespan_us - b.makespan_us) > 1e-9 * std::max(1.0, a.makespan_us) ||
           a.peak_memory_bytes != b.peak_memory_bytes)
         continue;
-      const std::string why = WhyEqual(a.scheduler, b.scheduler);
-      out += fmt::format("note: {} = {} here{}{}\n", b.scheduler, a.scheduler, why.empty() ? "" : ": ", why);
+      if (!same) same = &a;
+      if (std::string w = WhyEqual(a.scheduler, b.scheduler); !w.empty()) same = &a, why = w;
     }
+    if (same) out += fmt::format("note: {} = {} here{}{}\n", b.scheduler, same->scheduler, why.empty() ? "" : ": ", why);
+  }
   double baseline_peak = 0;
   const Summary* concerto = nullptr;
   const Summary* held = nullptr;
