@@ -395,8 +395,7 @@ int Main(int argc, char** argv) {
       AnalyticCostModel cost(LoadCluster(cluster).value());
       Result<std::vector<RunResult>> runs = Compare(*program, SchedulerNames(), cost, options);
       // Concerto held to the fastest fitting baseline's peak (compare's concerto-eqmem row).
-      if (runs.ok())
-        if (Status held = AddEqualMemoryRun(*program, cost, options, &*runs); !held.ok()) runs = held;
+      if (runs.ok()) AddEqualMemoryRun(*program, cost, options, &*runs);
       if (!runs.ok()) {
         std::cout << fmt::format("| {} {} | {} | error: {} |\n", w.model, w.plan, cluster, runs.status().message());
         continue;
@@ -408,15 +407,14 @@ int Main(int argc, char** argv) {
       // The best baseline among those that fit the device's memory (all of
       // them when none fits).
       bool any_fits = false;
-      const RunResult* held = nullptr;
       auto is_concerto = [](const RunResult& r) {
         return r.summary.scheduler == "concerto" || r.summary.scheduler == kEqualMemoryRow;
       };
       for (const auto& r : *runs) any_fits = any_fits || (!is_concerto(r) && r.summary.fits_memory);
       for (const auto& r : *runs) {
         if (r.summary.scheduler == "concerto") concerto = &r;
-        else if (r.summary.scheduler == kEqualMemoryRow) held = &r;
-        else if ((r.summary.fits_memory || !any_fits) && (!best || r.summary.makespan_us < best->summary.makespan_us))
+        else if (!is_concerto(r) && (r.summary.fits_memory || !any_fits) &&
+                 (!best || r.summary.makespan_us < best->summary.makespan_us))
           best = &r;
         if (r.summary.scheduler == "sequential") t_seq = r.summary.makespan_us;
       }
@@ -429,12 +427,12 @@ int Main(int argc, char** argv) {
       // Overlap efficiency against the bound of concerto's own (possibly
       // fused) program, the same bound T/LB uses.
       const double eff = t_seq > bound ? (t_seq - t) / (t_seq - bound) : 1.0;
-      // At the best baseline's memory: concerto's own run when it fits that peak, else the held one.
-      std::string at_memory = "-";
-      if (concerto->summary.peak_memory_bytes <= best->summary.peak_memory_bytes)
-        at_memory = fmt::format("{:.3f}x", best->summary.makespan_us / t);
-      else if (held)
-        at_memory = fmt::format("{:.3f}x", best->summary.makespan_us / held->summary.makespan_us);
+      // At the best baseline's memory, as compare reports it (concerto_vs_best_baseline).
+      nlohmann::json j = CompareJson(*runs, lb, cluster);
+      const nlohmann::json& vs = j["concerto_vs_best_baseline"];
+      const std::string at_memory = vs.is_object() && vs["equal_memory_speedup"].is_number()
+                                        ? fmt::format("{:.3f}x", vs["equal_memory_speedup"].get<double>())
+                                        : std::string("-");
       std::cout << fmt::format("| {} {} | {} | {}{} | {:.1f} | {:.1f} | {:.3f}x | {} | {:.3f} | {:.1f} ({}) | {:.3f} | "
                                "{:.1f}% | {:.2f}{} | {:.1f} |\n",
                                w.model, w.plan, cluster, best->summary.scheduler, any_fits ? "" : " (OOM: none fits)",
@@ -445,7 +443,6 @@ int Main(int argc, char** argv) {
                                concerto->summary.fits_memory ? "" : " OOM",
                                concerto->concerto ? concerto->concerto->seconds : 0.0)
                 << std::flush;
-      nlohmann::json j = CompareJson(*runs, lb, cluster);
       j["model"] = w.model;
       j["plan"] = w.plan;
       all.push_back(j);

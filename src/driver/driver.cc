@@ -235,14 +235,14 @@ const Summary* Row(const std::vector<RunResult>& runs, const std::string& schedu
 
 }  // namespace
 
-Status AddEqualMemoryRun(const Program& program, const CostModel& cost, const Options& options,
-                         std::vector<RunResult>* runs, const ProgressFn& progress, std::string* why_not) {
+void AddEqualMemoryRun(const Program& program, const CostModel& cost, const Options& options,
+                       std::vector<RunResult>* runs, const ProgressFn& progress, std::string* why_not) {
   const Summary* concerto = Row(*runs, "concerto");
   const Summary* baseline = FastestFittingBaseline(*runs);
-  if (!concerto || !baseline || concerto->peak_memory_bytes <= baseline->peak_memory_bytes) return Status::Ok();
+  if (!concerto || !baseline || concerto->peak_memory_bytes <= baseline->peak_memory_bytes) return;
   const int64_t budget = baseline->peak_memory_bytes;
   const int64_t own = MemoryBudgetBytes(options, cost.cluster());
-  if (own > 0 && own <= budget) return Status::Ok();
+  if (own > 0 && own <= budget) return;
   const std::string base_name = baseline->scheduler;
   if (progress)
     progress(fmt::format("scheduling with 'concerto' again under {}'s peak memory ({:.2f} GiB)", base_name,
@@ -254,11 +254,10 @@ Status AddEqualMemoryRun(const Program& program, const CostModel& cost, const Op
     if (why_not)
       *why_not = fmt::format("concerto under {}'s peak memory ({:.2f} GiB): {}", base_name,
                              budget / double(1 << 30), run.status().message());
-    return Status::Ok();
+    return;
   }
   run->summary.scheduler = kEqualMemoryRow;
   runs->push_back(std::move(run).value());
-  return Status::Ok();
 }
 
 namespace {

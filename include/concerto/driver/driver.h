@@ -99,7 +99,7 @@ inline constexpr const char* kEqualMemoryRow = "concerto-eqmem";
 /// when `options`' own budget is already at or under it; a budget concerto
 /// cannot meet is not an error: the row is then missing and the reason is
 /// returned in `why_not` (when set).
-Status AddEqualMemoryRun(const Program& program, const CostModel& cost, const Options& options,
+void AddEqualMemoryRun(const Program& program, const CostModel& cost, const Options& options,
                          std::vector<RunResult>* runs, const ProgressFn& progress = nullptr,
                          std::string* why_not = nullptr);
 
