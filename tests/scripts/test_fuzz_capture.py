@@ -5,6 +5,7 @@ is refused with a one-line concerto.Error naming its ATen node. Needs torch and 
 (run on the torch interpreter: CMake's python_fuzz_capture). About 10 s.
 """
 import os
+import random
 import sys
 import unittest
 
@@ -24,21 +25,15 @@ class FuzzCaptureTest(unittest.TestCase):
         self.assertGreater(stats["captured"], 80)
 
     def test_the_checks_can_fail(self):
-        class Cumsum(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.fc = torch.nn.Linear(4, 3)
-
-            def forward(self, x):
-                return torch.cumsum(self.fc(x), dim=-1)
-
+        # A generated module with an op capture does not map (linear, then cumsum).
+        torch.manual_seed(0)
+        module = fuzz_capture.Generated(["linear", "cumsum"], 4, 3, random.Random(0))
         x, labels = torch.randn(2, 5, 4), torch.randint(0, 3, (2, 5))
         # Told that every op is mapped, a refusal is a finding; told otherwise, it is not.
-        outcome, finding = fuzz_capture.check_case(Cumsum(), (x,), labels, unmapped=False)
+        outcome, finding = fuzz_capture.check_case(module, (x,), labels, unmapped=False)
         self.assertEqual(outcome, "refused")
         self.assertIn("every op is mapped but capture failed: capture: node 'cumsum' (aten.cumsum", finding)
-        self.assertEqual(fuzz_capture.check_case(Cumsum(), (x,), labels, unmapped=True), ("refused", None))
-
+        self.assertEqual(fuzz_capture.check_case(module, (x,), labels, unmapped=True), ("refused", None))
 
 if __name__ == "__main__":
     unittest.main()
