@@ -21,6 +21,7 @@
 #include "concerto/ir/op_registry.h"
 #include "concerto/ir/verifier.h"
 #include "concerto/lower/frontend.h"
+#include "concerto/lower/plan_sharding.h"
 #include "concerto/lower/sharding_plan.h"
 #include "concerto/ir/graph_index.h"
 #include "concerto/runtime/executor.h"
@@ -371,6 +372,28 @@ PYBIND11_MODULE(_concerto, m) {
   }, py::arg("program"), py::arg("sharding"), py::arg("source") = "<sharding>",
         "the SPMD partitioner (docs/frontends.md, 'Per-op sharding plans'): the unsharded one-rank `program` "
         "under the sharding file's JSON text `sharding`: (the per-rank program, {inserted op type: count})");
+
+  m.def("sharding_from_plan", [](const Program& unsharded, const std::string& plan_text,
+                                 const std::vector<std::string>& data_inputs) {
+    return ShardingPlanJson(Take(ShardingFromPlan(unsharded, Take(ParsePlan(plan_text)), data_inputs)));
+  }, py::arg("program"), py::arg("plan"), py::arg("data_inputs"),
+        "the annotations partition_plan gives the partitioner, as a sharding file's JSON text (docs/frontends.md "
+        "'Per-op sharding plans'): what Megatron's and DDP/ZeRO's layout of `plan` fixes on the graph");
+
+  m.def("partition_plan", [](const Program& unsharded, const std::string& plan_text,
+                             const std::vector<std::string>& data_inputs) {
+    const ParallelPlan plan = Take(ParsePlan(plan_text));
+    const ShardingPlan sharding = Take(ShardingFromPlan(unsharded, plan, data_inputs));
+    PartitionReport report;
+    Program out = Take(PartitionProgram(unsharded, sharding, &report));
+    py::dict inserted;
+    for (const auto& [what, n] : report.inserted) inserted[py::str(what)] = n;
+    return py::make_tuple(out, inserted);
+  }, py::arg("program"), py::arg("plan"), py::arg("data_inputs"),
+        "the unsharded one-rank `program` under a plan string (dp, tp, sp, zero=1|2): Megatron's and DDP/ZeRO's "
+        "layout found on the graph (ShardingFromPlan, docs/frontends.md 'Plans through the partitioner'), "
+        "`data_inputs` split on dim 0 by dp, every collective derived by the partitioner: (the per-rank program, "
+        "{inserted op type: count})");
 
   m.def("differentiate", [](Program program, const std::vector<std::pair<std::string, double>>& losses,
                             const std::vector<std::string>& wrt, const std::string& graph) {

@@ -147,6 +147,7 @@ class _Graph:
         self.ops = []
         self.flops_table = flops_table
         self.layer_of = {}  # tensor -> layer tag
+        self.param_layer = {}  # parameter tensor -> its block's layer tag (-1: outside the blocks)
 
     def tensor(self, stem, shape, dtype):
         name, k = stem, 1
@@ -175,8 +176,11 @@ class _Graph:
             first = outputs[0] if unit == "output element" else inputs[0]
             flops = per * _numel(self.shape(first))
         nbytes = sum(_numel(self.shape(t)) * _ELEM_BYTES[self.tensors[t]["dtype"]] for t in list(inputs) + list(outputs))
-        # The layer: the deepest of its inputs' (a parameter's from its module path, _block_of).
-        layer = max([self.layer_of.get(t, -1) for t in inputs] + [-1])
+        # The layer: its parameters' block (from their module path, _block_of; so the final norm,
+        # the output projection and the loss after the last block are -1, as the presets tag
+        # them), else the deepest of its inputs'.
+        blocks = [self.param_layer[t] for t in inputs if t in self.param_layer]
+        layer = max(blocks) if blocks else max([self.layer_of.get(t, -1) for t in inputs] + [-1])
         for t in outputs:
             self.layer_of[t] = layer
         self.ops.append({"id": len(self.ops), "name": name, "kind": "compute", "stream": "compute", "type": kind,
@@ -200,6 +204,7 @@ class _Lowering:
         self.param_rows = {}   # IR tensor -> (torch parameter name, row): a parameter's row read without a gradient
         self._bcast = {}       # (constant, shape) -> the constant broadcast to shape
         self.raw_constants = {}  # fx node -> torch tensor: constants of a dtype the IR lacks (bool masks)
+        self.view_src = {}     # IR tensor made by a reshape -> the _Value it reshapes (view_chain)
 
     # ---- helpers --------------------------------------------------------------------------
     def fail(self, why):
@@ -233,10 +238,25 @@ class _Lowering:
         self.emit("transpose", [v.name], [out], 0, {"axis0": r - 2, "axis1": r - 1}, ".t")
         return out
 
+    def view_chain(self, v):
+        """v and the values it is a reshape of, nearest first (each the same elements in the same
+        order, so any of them can stand for v under its own shape)."""
+        chain = [v]
+        while v.name in self.view_src and self.view_src[v.name].t == v.t:
+            v = self.view_src[v.name]
+            chain.append(v)
+        return chain
+
     def reshape(self, v, shape, suffix=".view"):
+        """v as `shape`. A reshape back to the shape of a value v was reshaped from returns that
+        value (torch's view / bmm / view-back of a 4-D matmul then leaves no reshape behind, so a
+        sharded head dim is never merged into the batch)."""
         shape = tuple(int(d) for d in shape)
         if _numel(shape) != _numel(v.shape):
             self.fail("reshape of %s to %s changes the element count" % (list(v.shape), list(shape)))
+        for u in self.view_chain(v):
+            if tuple(u.shape) == shape:
+                return u
         if v.t and len(shape) >= 2 and shape[-2:] == tuple(v.shape[-2:]):
             # Only the batch dims change: reshape the stored tensor, keep the transpose pending.
             stored = shape[:-2] + (shape[-1], shape[-2])
@@ -244,12 +264,14 @@ class _Lowering:
                 return _Value(v.name, shape, v.dtype, True)
             out = self.new(stored, v.dtype, self.node.name + suffix)
             self.emit("identity", [v.name], [out], 0, suffix=suffix)
+            self.view_src[out] = v
             return _Value(out, shape, v.dtype, True)
         src = self.materialize(v)
         if shape == tuple(self.g.shape(src)):
             return _Value(src, shape, v.dtype)
         out = self.new(shape, v.dtype, self.node.name + suffix)
         self.emit("identity", [src], [out], 0, suffix=suffix)
+        self.view_src[out] = _Value(src, v.shape, v.dtype)
         return _Value(out, shape, v.dtype)
 
     def transpose(self, v, d0, d1):
@@ -266,10 +288,41 @@ class _Lowering:
         self.emit("transpose", [src], [out], 0, {"axis0": d0, "axis1": d1}, ".t%d%d" % (d0, d1))
         return _Value(out, shape, v.dtype)
 
+    def unmerged_batch(self, a, b):
+        """(A, B): a and b as the higher-rank values they were reshaped from by merging leading
+        (batch) dims, when both were and the batch dims agree (b may be 2-D); else (a, b).
+        torch.matmul of [b, h, s, d] tensors reaches make_fx as view [b*h, s, d] / bmm / view
+        back; run on the unmerged tensors, a split of h (tensor-parallel heads) carries through."""
+        def source(v):
+            for u in self.view_chain(v)[1:]:
+                if len(u.shape) > len(v.shape) and tuple(u.shape[-2:]) == tuple(v.shape[-2:]):
+                    return u
+            return None
+        if len(b.shape) == 2 and len(a.shape) == 2 and not a.t:
+            # x [b, s, h] viewed as [b*s, h] @ w [h, n]: the rows' dims stay dims (a split of s,
+            # sequence parallelism, carries through).
+            for u in self.view_chain(a)[1:]:
+                if len(u.shape) > 2 and not u.t and u.shape[-1] == a.shape[-1]:
+                    return u, b
+            return a, b
+        A = source(a) if len(a.shape) > 2 else None
+        if A is None:
+            return a, b
+        if len(b.shape) == 2:
+            return A, b
+        B = source(b)
+        if B is None or tuple(A.shape[:-2]) != tuple(B.shape[:-2]):
+            return a, b
+        return A, B
+
     def matmul(self, a, b, suffix=""):
         """c = a @ b with a [..., m, k], b [k, n] or [..., k, n]; pending transposes fold in."""
         if len(a.shape) < 2 or len(b.shape) < 2:
             self.fail("matmul of shapes %s and %s (both need rank >= 2)" % (list(a.shape), list(b.shape)))
+        A, B = self.unmerged_batch(a, b)
+        if A is not a:
+            c = self.matmul(A, B, suffix)
+            return self.reshape(c, tuple(a.shape[:-1]) + (b.shape[-1],), suffix + ".batch")
         if len(b.shape) > 2 and a.shape[:-2] != b.shape[:-2]:
             self.fail("matmul batch dims %s and %s differ" % (list(a.shape[:-2]), list(b.shape[:-2])))
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
@@ -321,15 +374,19 @@ class _Lowering:
             return self.expand_rows(v, _numel(shape[:lead]), shape, suffix)
         cur = self.reshape(v, src, suffix + ".rank")
         for k, d in enumerate(grown):
-            p, q, n = _numel(cur.shape[:d]), _numel(cur.shape[d + 1:]), shape[d]
+            # The dims before d stay dims (the matmul's batch), so a sharding of any of them (a
+            # tensor-parallel head dim before GQA's repeated key/value heads) carries through;
+            # the dims after it are one column: [lead..., q, 1] @ ones[1, n] -> [lead..., q, n].
+            lead, q, n = tuple(cur.shape[:d]), _numel(cur.shape[d + 1:]), shape[d]
             sfx = "%s%d" % (suffix, k)
-            col = self.reshape(cur, (p * q, 1), sfx + ".col")
+            col = self.materialize(self.reshape(cur, lead + (q, 1), sfx + ".col"))
             ones = self.g.ones(n, cur.dtype)
-            out = self.new((p * q, n), cur.dtype, self.node.name + sfx)
-            self.emit("matmul", [col.name, ones], [out], 2.0 * p * q * n, {"transpose_a": 0, "transpose_b": 0}, sfx)
-            grid = _Value(out, (p * q, n), cur.dtype)
-            if q > 1:  # [p, q, n] -> [p, n, q]
-                grid = self.transpose(self.reshape(grid, (p, q, n), sfx + ".pqn"), 1, 2)
+            out = self.new(lead + (q, n), cur.dtype, self.node.name + sfx)
+            self.emit("matmul", [col, ones], [out], 2.0 * _numel(lead) * q * n,
+                      {"transpose_a": 0, "transpose_b": 0}, sfx)
+            grid = _Value(out, lead + (q, n), cur.dtype)
+            if q > 1:  # [lead..., q, n] -> [lead..., n, q]
+                grid = self.transpose(grid, -2, -1)
             new_shape = list(cur.shape)
             new_shape[d] = n
             cur = self.reshape(grid, new_shape, sfx + ".out")
@@ -467,7 +524,13 @@ class _Lowering:
         if beta != 1 or alpha != 1:
             self.fail("addmm with beta=%s alpha=%s (only 1, 1)" % (beta, alpha))
         c = self.matmul(self.val(a), self.val(b), ".mm")
-        return self.add(c, self.val(bias))
+        bv = self.val(bias)
+        for u in self.view_chain(c)[1:]:
+            # The matmul ran on the unmerged rows (unmerged_batch): the bias too, so the rows' dims
+            # stay dims up to the view back that follows.
+            if len(u.shape) > len(c.shape) and u.shape[-1] == c.shape[-1] and not u.t and len(bv.shape) == 1:
+                return self.reshape(self.add(u, bv), c.shape, ".rows")
+        return self.add(c, bv)
 
     def number(self, a):
         """a as a Python number when it is one, or a single-element constant (a 0-d tensor
@@ -809,7 +872,7 @@ class _Lowering:
                 self.fail("embedding with padding_idx of a table that is not a parameter")
             vocab, pad = w.shape[0], int(padding_idx)
             row = self.g.tensor("%s.row%d" % (w.name, pad), (1, w.shape[1]), w.dtype)
-            self.g.layer_of[row] = self.g.layer_of.get(w.name, -1)
+            self.g.layer_of[row] = self.g.param_layer[row] = self.g.layer_of.get(w.name, -1)
             self.param_rows[row] = (pname, pad)
             parts = []
             for start, n in ((0, pad), (pad, 1), (pad + 1, vocab - pad - 1)):
@@ -1164,6 +1227,16 @@ class Captured:
         updated whole. Batch norm keeps per-rank statistics, as torch's BatchNorm under DDP, or,
         captured with `sync_bn`, all-reduces its statistics' sums (SyncBatchNorm).
 
+        With tp=N (and sp, dp, zero=1|2 beside it) the plan goes through the SPMD partitioner:
+        Megatron-LM's layout is found on the captured graph (concerto's ShardingFromPlan:
+        linears reading a whole activation split by output features, those reading a split one
+        by input features, a fused q/k/v split per part, a word embedding by vocabulary; under
+        sp the residual stream split by tokens), the data inputs split by dp, and the
+        partitioner inserts only the collectives that remain: per transformer layer Megatron's
+        2 all-reduces forward and 2 backward, or with sp 2 all-gathers and 2 reduce-scatters
+        each way (docs/frontends.md, 'Plans through the partitioner'). zero=3 does not combine
+        with tp yet.
+
         `sharding` (a sharding file's dict or JSON text, docs/frontends.md 'Per-op sharding
         plans') runs the SPMD partitioner on the unsharded step instead: any mesh and tensor
         shardings, every collective derived, the same values as the unsharded step (batch
@@ -1178,8 +1251,10 @@ class Captured:
         for part in plan.split(","):
             m = re.fullmatch(r"\s*(dp|zero)\s*=\s*(\d+)\s*", part)
             if not m:
-                raise Error("partition: plan '%s': '%s' is not dp=N or zero=1|2|3 (use sharding= for other plans)"
-                            % (plan, part.strip()))
+                # Any other key (tp, sp, ...): Megatron's layout found on the graph
+                # (ShardingFromPlan), completed by the partitioner; it names a key it cannot lower.
+                program, _ = _concerto.partition_plan(self.program, plan, list(self.inputs) + [self.labels])
+                return program
             fields[m.group(1)] = int(m.group(2))
         dp, zero = fields.get("dp", 1), fields.get("zero", 0)
         if dp < 1 or zero not in (0, 1, 2, 3):
@@ -1491,7 +1566,7 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
             low.values[n] = _Value(graph.tensor(pname, t.shape, dtype), t.shape, dtype)
             ir_params[pname] = low.values[n].name
             low.param_names[low.values[n].name] = pname
-            graph.layer_of[pname] = blocks.get(_block_of(pname), -1)
+            graph.layer_of[pname] = graph.param_layer[pname] = blocks.get(_block_of(pname), -1)
     try:
         arg_names = list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
@@ -1598,6 +1673,19 @@ def capture(module, example_inputs, labels=None, loss_fn="cross_entropy", name=N
     # averages them) and the partitioner gives the gradient the global count.
     graph.op("loss", "cross_entropy", [m, z, tgt], [loss])
 
+    # Ops nothing reads towards the loss (reshapes superseded by view_chain) are dropped.
+    needed, kept = {loss}, []
+    for op in reversed(graph.ops):
+        if any(o in needed for o in op["outputs"]):
+            kept.append(op)
+            needed.update(op["inputs"])
+    alive = {id(op) for op in kept}
+    dead = [op for op in graph.ops if id(op) not in alive]
+    graph.ops = kept[::-1]
+    for t in {o for op in dead for o in op["outputs"]} - needed:
+        del graph.tensors[t]
+        graph.order.remove(t)
+
     # A parameter's row read without a gradient is also listed with the constants, as a view of
     # the parameter (what a consumer that feeds every constant reads: the parameter's value now);
     # Captured.values feeds it from the module it is given.
@@ -1673,8 +1761,9 @@ def _main(argv=None):
 
     ap = argparse.ArgumentParser(
         prog="python3 -m concerto.torch",
-        description="Capture a PyTorch model's training step (concerto.torch.capture), apply a data-parallel "
-                    "plan and compare every scheduler on it on a cluster preset.")
+        description="Capture a PyTorch model's training step (concerto.torch.capture), apply a parallel "
+                    "plan (data, tensor, sequence parallel, ZeRO) and compare every scheduler on it on a cluster "
+                    "preset.")
     ap.add_argument("factory", help="MODULE:CALLABLE that returns the nn.Module, e.g. torchvision.models:vit_b_16")
     ap.add_argument("--kwargs", default="{}", help="JSON object of keyword arguments for the callable")
     ap.add_argument("--input", action="append", required=True, metavar="SHAPE",
@@ -1682,7 +1771,9 @@ def _main(argv=None):
     ap.add_argument("--input-dtype", choices=["float", "long"], default="float",
                     help="float: random normal inputs; long: token ids in [0, --vocab)")
     ap.add_argument("--vocab", type=int, default=1000, help="id range of long inputs (default 1000)")
-    ap.add_argument("--plan", default="dp=1", help="dp=N[,zero=1|2|3] (default dp=1: the unsharded step)")
+    ap.add_argument("--plan", default="dp=1",
+                    help="dp=N, tp=N, sp, zero=1|2|3, comma-separated (default dp=1: the unsharded step); tp and sp "
+                         "lay the model out as Megatron-LM does, found on the captured graph")
     ap.add_argument("--cluster", default="a800-4x8", help="a cluster preset or file (default a800-4x8)")
     ap.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="bf16",
                     help="the program's float tensors (default bf16, mixed precision)")

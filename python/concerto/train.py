@@ -179,6 +179,16 @@ class _Logits(torch.nn.Module):
 TORCH_MODELS = {"hf-gpt2-tiny": _gpt2_tiny, "hf-llama-tiny": _llama_tiny}
 
 
+def hf_model(name="hf-gpt2-tiny", seq=16):
+    """A module of TORCH_MODELS as capture takes it (ids in, logits out), for the capture CLI:
+    python3 -m concerto.torch concerto.train:hf_model --kwargs '{"name": "hf-llama-tiny"}'
+    --input 4x16 --input-dtype long --vocab 256 --plan tp=2,sp."""
+    if name not in TORCH_MODELS:
+        raise ValueError("hf_model: unknown model '%s' (known: %s)" % (name, ", ".join(sorted(TORCH_MODELS))))
+    lm, _ = TORCH_MODELS[name](seq)
+    return _Logits(lm).train()
+
+
 def _parse_args(argv):
     import argparse
     ap = argparse.ArgumentParser(

@@ -137,7 +137,7 @@ constexpr std::string_view kProgramFields[] = {"format", "version", "name",
 constexpr std::string_view kMeshFields[] = {"axes"};
 constexpr std::string_view kAxisFields[] = {"name", "size"};
 constexpr std::string_view kGraphFields[] = {"name", "streams", "tensors", "ops"};
-constexpr std::string_view kTensorFields[] = {"name", "shape", "dtype", "sharding", "partial"};
+constexpr std::string_view kTensorFields[] = {"name", "shape", "dtype", "sharding", "partial", "segments"};
 constexpr std::string_view kRoleFields[] = {"name", "graph", "ranks"};
 constexpr std::string_view kTagFields[] = {"phase", "layer", "microbatch", "purpose"};
 constexpr std::string_view kOpCommonFields[] = {
@@ -491,7 +491,26 @@ class Reader {
     }
     CONCERTO_RETURN_IF_ERROR(GetEnum(j, "dtype", where, true, ParseDType, "dtype", &t->dtype));
     CONCERTO_RETURN_IF_ERROR(ReadSharding(j, where, t));
-    return GetStringList(j, "partial", where, &t->partial);
+    CONCERTO_RETURN_IF_ERROR(GetStringList(j, "partial", where, &t->partial));
+    return ReadSegments(j, where, t);
+  }
+
+  /// "segments": per dim, a list of segment sizes ([] for a plain dim); absent: none.
+  Status ReadSegments(const json& j, const std::string& where, Tensor* t) {
+    const json* s = Member(j, "segments");
+    if (!s) return Status::Ok();
+    CONCERTO_RETURN_IF_ERROR(Expect(*s, JType::kArray, where, "segments"));
+    t->segments.resize(s->size());
+    for (size_t d = 0; d < s->size(); ++d) {
+      const std::string field = "segments[" + std::to_string(d) + "]";
+      CONCERTO_RETURN_IF_ERROR(Expect((*s)[d], JType::kArray, where, field));
+      for (size_t i = 0; i < (*s)[d].size(); ++i) {
+        int64_t size = 0;
+        CONCERTO_RETURN_IF_ERROR(IntValue((*s)[d][i], where, field, 1, INT64_MAX, &size));
+        t->segments[d].push_back(size);
+      }
+    }
+    return Status::Ok();
   }
 
   /// "sharding": one list of mesh axes per dim; absent means all replicated.
@@ -732,6 +751,7 @@ ojson TensorJson(const Tensor& t) {
   j["dtype"] = ToString(t.dtype);
   j["sharding"] = std::move(sharding);
   j["partial"] = t.partial;
+  if (!t.segments.empty()) j["segments"] = t.segments;
   return j;
 }
 

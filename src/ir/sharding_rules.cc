@@ -263,7 +263,7 @@ Result<ShardingSignature> Concat(const Op& op, const ShardingRuleContext& ctx) {
 }
 
 /// Pairwise reshapes: groups of dims with equal products; only a group's
-/// first dim may be sharded.
+/// first dim of size above 1 may be sharded (so [1, n] <-> [n] keeps n's split).
 Result<ShardingSignature> Identity(const Op& op, const ShardingRuleContext& ctx) {
   Sig sig = Sized(op);
   for (size_t i = 0; i < op.inputs.size(); ++i) {
@@ -285,10 +285,16 @@ Result<ShardingSignature> Identity(const Op& op, const ShardingRuleContext& ctx)
         else if (pb < pa && y < b.size()) pb *= b[y++];
         else return Status::Error("identity shapes do not regroup");
       }
-      for (size_t k = x0 + 1; k < x; ++k) sig.whole[sig.in[i][k]] = true;
-      if (y0 < b.size()) sig.out[i][y0] = x0 < a.size() ? sig.in[i][x0] : sig.NewLabel(true);
-      for (size_t k = y0 + 1; k < y; ++k) sig.out[i][k] = sig.NewLabel(true);
-      if (x0 < a.size() && y0 >= b.size()) sig.whole[sig.in[i][x0]] = true;
+      // The group's leading dim on each side, skipping dims of size 1.
+      size_t xs = x0, ys = y0;
+      while (xs + 1 < x && a[xs] == 1) ++xs;
+      while (ys + 1 < y && b[ys] == 1) ++ys;
+      for (size_t k = x0; k < x; ++k)
+        if (k != xs) sig.whole[sig.in[i][k]] = true;
+      if (ys < b.size()) sig.out[i][ys] = xs < a.size() ? sig.in[i][xs] : sig.NewLabel(true);
+      for (size_t k = y0; k < y; ++k)
+        if (k != ys) sig.out[i][k] = sig.NewLabel(true);
+      if (xs < a.size() && ys >= b.size()) sig.whole[sig.in[i][xs]] = true;
     }
   }
   sig.linear = Sig::Linear::kPairwise;

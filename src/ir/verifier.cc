@@ -110,6 +110,42 @@ class GraphVerifier {
       for (const auto& axis : dim) CheckTensorAxis(where + "field 'sharding': ", axis, &used);
     std::unordered_set<std::string> partial;
     for (const auto& axis : t.partial) CheckTensorAxis(where + "field 'partial': ", axis, &partial);
+    CheckSegments(t, where);
+  }
+
+  /// A segmented dim is sharded, and its segments add up to the global size
+  /// with each divisible by the dim's blocks.
+  void CheckSegments(const Tensor& t, const std::string& where) {
+    if (t.segments.empty()) return;
+    if (t.segments.size() != t.shape.size()) {
+      Report(where + "field 'segments': has " + std::to_string(t.segments.size()) + " entries for a shape of rank " +
+             std::to_string(t.shape.size()));
+      return;
+    }
+    for (size_t d = 0; d < t.segments.size(); ++d) {
+      if (t.segments[d].empty()) continue;
+      const std::string field = where + "field 'segments[" + std::to_string(d) + "]': ";
+      int64_t blocks = 1;
+      if (d < t.sharding.size())
+        for (const std::string& axis : t.sharding[d])
+          if (const int a = mesh_.AxisIndex(axis); a >= 0) blocks *= mesh_.axes[a].size;
+      if (blocks == 1) {
+        Report(field + "a segmented dim must be sharded");
+        continue;
+      }
+      int64_t sum = 0;
+      for (int64_t s : t.segments[d]) {
+        if (s < 1 || s % blocks != 0) {
+          Report(field + "segment " + std::to_string(s) + " is not a positive multiple of the dim's " +
+                 std::to_string(blocks) + " blocks");
+          break;
+        }
+        sum += s;
+      }
+      if (sum != t.shape[d] * blocks)
+        Report(field + "segments add up to " + std::to_string(sum) + ", not the global size " +
+               std::to_string(t.shape[d] * blocks));
+    }
   }
 
   void CheckTensorAxis(const std::string& where, const std::string& axis,

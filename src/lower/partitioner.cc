@@ -85,6 +85,7 @@ struct TensorState {
   std::string annotated_by;  // pattern (or "default", "adam of <param>")
   bool is_input = false;
   bool is_grad = false;  // an Adam op's gradient input
+  bool follows = false;  // annotated only by following its Adam op's parameter
   int producer = -1;     // original op index
   /// Versions in the new graph: (spec, tensor name). `current` is the one
   /// consumers start from (the annotated one when there is an annotation).
@@ -216,7 +217,7 @@ class Partitioner {
       tensor_index_[tensor.name] = static_cast<int>(t);
       for (size_t r = 0; r < plan_.rules.size(); ++r) {
         const ShardingRule& rule = plan_.rules[r];
-        if (!ShardingGlobMatch(rule.pattern, tensor.name)) continue;
+        if (rule.exact ? rule.pattern != tensor.name : !ShardingGlobMatch(rule.pattern, tensor.name)) continue;
         ++matches[r];
         Spec spec = Replicated(tensor.shape.size());
         if (!rule.replicated) spec.dims = rule.dims;
@@ -246,6 +247,7 @@ class Partitioner {
         if (s.annotation || s.global->shape != param.global->shape) continue;
         s.annotation = follow;
         s.annotated_by = "adam of '" + op.inputs[0] + "'";
+        s.follows = true;
       }
     }
     for (TensorState& s : state_)
@@ -282,8 +284,11 @@ class Partitioner {
     for (const DimSharding& d : spec.dims) t.sharding.push_back(d.axes);
     t.partial = spec.partial;
     for (size_t d = 0; d < spec.dims.size(); ++d)
-      if (!spec.dims[d].segments.empty() && !spec.dims[d].axes.empty())
+      if (!spec.dims[d].segments.empty() && !spec.dims[d].axes.empty()) {
         segmented_.push_back({t.name, static_cast<int>(d), spec.dims[d].segments});
+        t.segments.resize(spec.dims.size());
+        t.segments[d] = spec.dims[d].segments;
+      }
     local_bytes_[t.name] = t.Bytes();
     out_graph_.tensors.push_back(t);
     return t.name;
@@ -374,7 +379,7 @@ class Partitioner {
   /// The purpose tag of a collective on `s`.
   static std::string Purpose(const TensorState& s, CollectiveType type) {
     if (s.is_grad) return "grad_sync";
-    if (s.is_input && type == CollectiveType::kAllGather) return "param_gather";
+    if ((s.is_input || s.follows) && type == CollectiveType::kAllGather) return "param_gather";
     return "activation";
   }
 
@@ -523,13 +528,15 @@ class Partitioner {
     return Collective(anchor, s, CollectiveType::kReduceScatter, ReduceOp::kSum, {axis}, scaled, next, "activation");
   }
 
-  /// Whether `target` only adds axes to `cur`'s dims (no partial sums, same segments).
+  /// Whether `target` only adds axes to `cur`'s dims (no partial sums; the
+  /// same segments, or a whole dim becoming segmented).
   static bool IsPureRefinement(const Spec& cur, const Spec& target) {
     if (!cur.partial.empty() || !target.partial.empty()) return false;
     for (size_t d = 0; d < cur.dims.size(); ++d) {
       const auto& have = cur.dims[d].axes;
       const auto& want = target.dims[d].axes;
-      if (cur.dims[d].segments != target.dims[d].segments || want.size() < have.size() ||
+      const bool whole = have.empty() && cur.dims[d].segments.empty();
+      if ((!whole && cur.dims[d].segments != target.dims[d].segments) || want.size() < have.size() ||
           !std::equal(have.begin(), have.end(), want.begin()))
         return false;
     }
@@ -647,7 +654,9 @@ class Partitioner {
       // that computes it: that op runs as its inputs are split (data parallel: a partial sum over
       // the batch) and the result is resharded after it (a ZeRO shard: reduce-scattered). Fixing
       // its labels first would deny the contracted batch its axis and gather the activations.
-      if (!s.annotation || s.is_grad) continue;
+      // Nor does an Adam output that only follows its parameter: an Adam op whose moments are
+      // annotated as shards (ZeRO) runs on the shard, and its updated parameter is gathered after.
+      if (!s.annotation || s.is_grad || s.follows) continue;
       for (size_t d = 0; d < sig.out[o].size(); ++d) {
         const int l = sig.out[o][d];
         if (l < 0 || label[l]) continue;
@@ -706,8 +715,7 @@ class Partitioner {
         need.partial = CurrentSpec(op.inputs[i]).partial;
         if (sig.linear != Signature::Linear::kPairwise) passed = need.partial;
       }
-      const Spec& cur = CurrentSpec(op.inputs[i]);
-      if (!(need == cur)) a.cost += static_cast<double>(local_bytes_.at(Name(op.inputs[i])));
+      if (!HasVersion(op.inputs[i], need)) a.cost += static_cast<double>(local_bytes_.at(Name(op.inputs[i])));
       a.in.push_back(std::move(need));
     }
     for (size_t o = 0; o < op.outputs.size(); ++o) {
@@ -736,6 +744,14 @@ class Partitioner {
     return a;
   }
 
+  /// Whether `name` is already held as `spec` (its current version or one a
+  /// reshard made before): using it costs no communication.
+  bool HasVersion(const std::string& name, const Spec& spec) const {
+    for (const auto& version : state_[tensor_index_.at(name)].versions)
+      if (version.first == spec) return true;
+    return false;
+  }
+
   /// The new-graph name of the current version of `name`.
   const std::string& Name(const std::string& name) const {
     const TensorState& s = state_[tensor_index_.at(name)];
@@ -743,7 +759,8 @@ class Partitioner {
   }
 
   /// The cheapest assignment over every claim order of the inputs (by the
-  /// bytes of inputs that must be resharded; ties: program order first).
+  /// bytes of inputs that must be resharded and are not held so already;
+  /// ties: program order first).
   Assignment Choose(const Op& op, const Signature& sig) const {
     std::vector<size_t> order(op.inputs.size());
     std::iota(order.begin(), order.end(), 0);

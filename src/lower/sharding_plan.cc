@@ -202,6 +202,26 @@ Result<ShardingPlan> ParseShardingPlan(const std::string& text, const std::strin
   return ShardingParser(*root, source).Parse();
 }
 
+std::string ShardingPlanJson(const ShardingPlan& plan) {
+  ojson mesh = ojson::object(), tensors = ojson::object();
+  for (const MeshAxis& a : plan.mesh.axes) mesh[a.name] = a.size;
+  for (const ShardingRule& rule : plan.rules) {
+    if (rule.replicated) {
+      tensors[rule.pattern] = "replicated";
+      continue;
+    }
+    ojson dims = ojson::array();
+    for (const DimSharding& d : rule.dims) {
+      if (d.segments.empty()) dims.push_back(d.axes);
+      else dims.push_back(ojson{{"axes", d.axes}, {"segments", d.segments}});
+    }
+    tensors[rule.pattern] = std::move(dims);
+  }
+  ojson root = {{"mesh", mesh}, {"default", "replicated"}, {"tensors", tensors}};
+  if (plan.global_batch) root["global_batch"] = *plan.global_batch;
+  return root.dump(2);
+}
+
 Result<ShardingPlan> LoadShardingPlan(const std::string& path) {
   Result<std::string> text = ReadInputFile(path, "sharding file", kMaxSmallInputBytes);
   if (!text.ok()) return text.status();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cassert>
 #include <limits>
+#include <optional>
 
 #include "concerto/runtime/kernels.h"
 
@@ -48,12 +49,15 @@ std::string WithoutMicrobatch(const std::string& key) {
   return key.substr(0, dot);
 }
 
-/// The layout that applies to `tensor`, or nullptr.
-const SegmentedLayout* FindLayout(const Tensor& tensor, const std::vector<SegmentedLayout>& layouts) {
+/// The layout that applies to `tensor`: its own segmented dim (Tensor::segments),
+/// else the first of `layouts` its key ends with, else none.
+std::optional<SegmentedLayout> FindLayout(const Tensor& tensor, const std::vector<SegmentedLayout>& layouts) {
+  for (size_t d = 0; d < tensor.segments.size(); ++d)
+    if (!tensor.segments[d].empty()) return SegmentedLayout{tensor.name, static_cast<int>(d), tensor.segments[d]};
   const std::string key = InitKey(tensor.name);
   for (const SegmentedLayout& l : layouts)
-    if (EndsWith(key, l.name_suffix)) return &l;
-  return nullptr;
+    if (EndsWith(key, l.name_suffix)) return l;
+  return std::nullopt;
 }
 
 /// Per local coordinate of dimension `dim`, the logical global coordinate
@@ -245,7 +249,7 @@ Result<std::vector<int64_t>> LogicalGlobalIndices(const Tensor& tensor, const Me
   if (n == 0) return std::vector<int64_t>();
   // Per dimension, local coordinate -> logical global coordinate.
   std::vector<std::vector<int64_t>> maps(rank_dims);
-  const SegmentedLayout* layout = FindLayout(tensor, layouts);
+  const std::optional<SegmentedLayout> layout = FindLayout(tensor, layouts);
   if (layout && (layout->dim < 0 || layout->dim >= static_cast<int>(rank_dims)))
     return Status::Error("tensor '" + tensor.name + "': segmented layout dim out of range");
   for (size_t d = 0; d < rank_dims; ++d) {

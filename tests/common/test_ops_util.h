@@ -11,7 +11,7 @@
 namespace concerto::testing {
 
 /// A 4-element f32 tensor, replicated.
-inline Tensor T(const std::string& name) { return Tensor{name, {4}, DType::kF32, {{}}, {}}; }
+inline Tensor T(const std::string& name) { return Tensor{name, {4}, DType::kF32, {{}}, {}, {}}; }
 
 /// An op with an explicit duration (us): compute ops add two inputs or
 /// scale one; collectives run over "dp"; communication moves 16 bytes.

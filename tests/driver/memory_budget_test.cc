@@ -155,7 +155,7 @@ TEST(MemoryBudget, ThePeakNamesItsOpAndLiveTensors) {
   using testing::MakeOp;
   using testing::T;
   Program p = testing::OneRoleProgram({{"dp", 1}}, {"compute", "comm"},
-                                      {T("in"), T("x"), Tensor{"big", {64}, DType::kF32, {{}}, {}}, T("out")},
+                                      {T("in"), T("x"), Tensor{"big", {64}, DType::kF32, {{}}, {}, {}}, T("out")},
                                       {MakeOp(0, "a", OpKind::kCompute, "compute", {"in"}, {"x"}, 10),
            MakeOp(1, "b", OpKind::kCompute, "compute", {"x"}, {"big"}, 10),
            MakeOp(2, "c", OpKind::kCompute, "compute", {"big", "x"}, {"out"}, 10)});

@@ -6,7 +6,9 @@ downloaded), each captured in float64 and run for one step on the CPU runtime: t
 parameter's gradient and every Adam-updated parameter equal torch's own float64 step (autograd
 and torch.optim.Adam's first step), unsharded and under the data-parallel plans dp=2 and
 dp=2,zero=3 (every rank on its half of the batch, gradients synchronised: the whole batch's
-step). Also: the exact compositions become their IR ops (rms_norm, swiglu, gelu with exact 0),
+step), and under Megatron's tensor and sequence parallelism found on the graph (tp=2, tp=2,sp,
+dp=2,tp=2,zero=1). MegatronLayoutTest counts the collectives those plans leave per transformer
+layer. Also: the exact compositions become their IR ops (rms_norm, swiglu, gelu with exact 0),
 an activation with no exact IR form still fails with the one-line error naming the node, its
 ATen target and its source line, and (on small hand-written modules, without transformers)
 torch's broadcasting of computed tensors -- a [.., 1] scale, a middle dim, an expand -- and of
@@ -96,7 +98,7 @@ class HuggingFaceCaptureTest(unittest.TestCase):
         cap = ct.capture(module, (ids,), labels, lr=LR)
         want_loss, want_grads, want_updated = torch_step(module, ids, labels)
         names = sorted(n for n, _ in module.named_parameters())
-        for plan in (None, "dp=2", "dp=2,zero=3"):
+        for plan in (None, "dp=2", "dp=2,zero=3", "tp=2", "tp=2,sp", "dp=2,tp=2,zero=1"):
             program = cap.partition(plan=plan) if plan else None
             got = cap.run(module, (ids,), labels, program=program)
             self.assertLessEqual(abs(got["loss"] - want_loss), self.TOL * abs(want_loss), "loss (%s)" % plan)
@@ -213,3 +215,90 @@ class BroadcastTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+def tiny_lm(kind, heads, kv_heads, layers=3):
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=layers, n_head=heads,
+                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
+                                      eos_token_id=0)
+        cfg._attn_implementation = "eager"
+        return Logits(transformers.GPT2LMHeadModel(cfg)).train()
+    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                                   num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                   max_position_embeddings=SEQ, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cfg._attn_implementation = "eager"
+    return Logits(transformers.LlamaForCausalLM(cfg)).train()
+
+
+@unittest.skipIf(transformers is None, "transformers is not installed")
+class MegatronLayoutTest(unittest.TestCase):
+    """Captured transformers GPT-2 (fused q/k/v as one Conv1D, biases) and LLaMA (separate q/k/v,
+    grouped-query attention) of 3 layers under tp=2 and tp=4, with and without sp: the
+    partitioner leaves exactly Megatron-LM's activation collectives in every layer but the last
+    (whose backward's first gather sits after the final norm, tagged outside the layers):
+
+      per layer      forward                     backward
+      tp             2 all-reduce                2 all-reduce
+      tp,sp          2 all-gather, 2 reduce-sc.  2 all-gather, 2 reduce-scatter
+
+    and nothing else over tp: no all-to-all, no gather of a weight, no reduction of a split
+    weight's gradient (under sp only the 1-D norm/bias gradients, computed on a token split, are
+    all-reduced, as Megatron's finalize_model_grads does). The step's values equal the unsharded
+    step's (HuggingFaceCaptureTest checks them against torch)."""
+
+    def counts(self, kind, plan, heads, kv_heads):
+        module = tiny_lm(kind, heads, kv_heads)
+        ids, labels = batch()
+        cap = ct.capture(module, (ids,), labels, dtype="f32")
+        d = cap.partition(plan=plan).to_dict()
+        g = d["graphs"][0]
+        shapes = {t["name"]: t["shape"] for t in g["tensors"]}
+        per_layer, other = {}, []
+        for op in g["ops"]:
+            if op["kind"] != "collective" or op["group"].get("axes") != ["tp"]:
+                continue
+            tags = op["tags"]
+            if tags["purpose"] == "activation":
+                per_layer.setdefault(tags["layer"], []).append((tags["phase"], op["collective"]))
+            else:
+                other.append((op["collective"], tags["purpose"], shapes[op["inputs"][0]]))
+        return per_layer, other
+
+    def check(self, kind, tp, sp, heads, kv_heads):
+        plan = "tp=%d%s" % (tp, ",sp" if sp else "")
+        per_layer, other = self.counts(kind, plan, heads, kv_heads)
+        want = (sorted([("fwd", "all_gather")] * 2 + [("fwd", "reduce_scatter")] * 2 +
+                       [("bwd", "all_gather")] * 2 + [("bwd", "reduce_scatter")] * 2) if sp else
+                sorted([("fwd", "all_reduce")] * 2 + [("bwd", "all_reduce")] * 2))
+        for layer in (0, 1):
+            self.assertEqual(sorted(per_layer.get(layer, [])), want, "%s %s layer %d" % (kind, plan, layer))
+        for layer, ops in per_layer.items():  # the layers (-1, the embeddings and the head, aside)
+            if layer < 0:
+                continue
+            self.assertNotIn("all_to_all", [c for _, c in ops], "%s %s layer %d" % (kind, plan, layer))
+        for collective, purpose, shape in other:
+            # Only the gradients of 1-D parameters (norms, biases) computed on a token split.
+            self.assertTrue(sp and purpose == "grad_sync" and collective == "all_reduce" and len(shape) == 1,
+                            "%s %s: %s %s of a %s tensor" % (kind, plan, collective, purpose, shape))
+
+    def test_gpt2(self):
+        for tp in (2, 4):
+            for sp in (False, True):
+                self.check("gpt2", tp, sp, heads=4, kv_heads=4)
+
+    def test_llama(self):
+        for tp in (2, 4):
+            for sp in (False, True):
+                self.check("llama", tp, sp, heads=4, kv_heads=4)
+        self.check("llama", 2, True, heads=4, kv_heads=2)  # grouped-query: 2 key/value heads
+
+    def test_plan_errors_name_the_key(self):
+        module = tiny_lm("llama", 4, 2)
+        ids, labels = batch()
+        cap = ct.capture(module, (ids,), labels, dtype="f32")
+        with self.assertRaisesRegex(concerto.Error, "'pp' is not lowered through the partitioner yet"):
+            cap.partition(plan="tp=2,pp=2")
+        with self.assertRaisesRegex(concerto.Error, "not divisible by 3"):
+            cap.partition(plan="tp=3")

@@ -112,6 +112,11 @@ struct Tensor {
   std::vector<std::vector<std::string>> sharding;
   /// Mesh axes over which this tensor holds a pending partial sum.
   std::vector<std::string> partial;
+  /// Per dimension (or empty: no dimension is segmented): the global sizes of
+  /// segments laid side by side, each split over the dim's axes on its own, so
+  /// rank block c holds block c of every segment (a fused q/k/v weight
+  /// [q | k | v] holds [q_c | k_c | v_c]); empty for a plain dimension.
+  std::vector<std::vector<int64_t>> segments;
 
   int64_t NumElements() const;
   int64_t Bytes() const { return NumElements() * DTypeBytes(dtype); }

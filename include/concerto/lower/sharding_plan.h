@@ -28,6 +28,7 @@ struct ShardingRule {
   std::string pattern;  // glob over tensor names: '*' any run of characters, '?' one
   bool replicated = false;
   std::vector<DimSharding> dims;
+  bool exact = false;  // pattern is a tensor name, matched as it is (no glob)
 };
 
 /// A parsed sharding file.
@@ -48,6 +49,9 @@ struct ShardingPlan {
 /// line:column for malformed JSON), the pattern and the field: unknown key,
 /// unknown mesh axis, an axis used twice in one tensor, sizes < 1.
 Result<ShardingPlan> ParseShardingPlan(const std::string& text, const std::string& source);
+/// `plan` as sharding-file JSON text (ParseShardingPlan reads it back; an
+/// exact rule's name is written as its pattern).
+std::string ShardingPlanJson(const ShardingPlan& plan);
 /// Reads and parses a sharding file.
 Result<ShardingPlan> LoadShardingPlan(const std::string& path);
 /// Ok when the mesh has exactly `world_size` ranks; otherwise an error
