@@ -193,6 +193,12 @@ class PlanAnnotator {
         if (T(table).shape[0] % plan_.tp == 0) CONCERTO_RETURN_IF_ERROR(Role(table, 0, {}));
         continue;
       }
+      if (op.compute_type == ComputeType::kAttention) {  // the heads split over tp, as Megatron requires
+        for (const char* key : {"heads", "kv_heads"})
+          if (op.attrs.count(key) && static_cast<int64_t>(op.Attr(key, 1)) % plan_.tp != 0)
+            return Fail(OpLabel(op) + ": tp (" + std::to_string(plan_.tp) + ") must divide " + key + " (" +
+                        std::to_string(static_cast<int64_t>(op.Attr(key, 1))) + ")");
+      }
       // A bias: a 1-D parameter added to a split output takes its last dim's split.
       if (op.compute_type == ComputeType::kAdd && op.inputs.size() == 2) {
         const int a = TensorIndex(op.inputs[0]), b = TensorIndex(op.inputs[1]);

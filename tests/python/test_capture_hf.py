@@ -243,9 +243,10 @@ class MegatronLayoutTest(unittest.TestCase):
       tp             2 all-reduce                2 all-reduce
       tp,sp          2 all-gather, 2 reduce-sc.  2 all-gather, 2 reduce-scatter
 
-    and nothing else over tp: no all-to-all, no gather of a weight, no reduction of a split
-    weight's gradient (under sp only the 1-D norm/bias gradients, computed on a token split, are
-    all-reduced, as Megatron's finalize_model_grads does). The step's values equal the unsharded
+    and nothing else over tp: no all-to-all in a layer, no gather of a weight, no reduction of a
+    split weight's gradient (under sp only the gradients of replicated parameters -- norms, biases,
+    position embeddings -- computed on a token split are all-reduced, as Megatron's
+    finalize_model_grads does for the norms). The step's values equal the unsharded
     step's (HuggingFaceCaptureTest checks them against torch)."""
 
     def counts(self, kind, plan, heads, kv_heads):
@@ -254,7 +255,7 @@ class MegatronLayoutTest(unittest.TestCase):
         cap = ct.capture(module, (ids,), labels, dtype="f32")
         d = cap.partition(plan=plan).to_dict()
         g = d["graphs"][0]
-        shapes = {t["name"]: t["shape"] for t in g["tensors"]}
+        split = {t["name"] for t in g["tensors"] if t["name"] in cap.params.values() and ["tp"] in t["sharding"]}
         per_layer, other = {}, []
         for op in g["ops"]:
             if op["kind"] != "collective" or op["group"].get("axes") != ["tp"]:
@@ -263,12 +264,12 @@ class MegatronLayoutTest(unittest.TestCase):
             if tags["purpose"] == "activation":
                 per_layer.setdefault(tags["layer"], []).append((tags["phase"], op["collective"]))
             else:
-                other.append((op["collective"], tags["purpose"], shapes[op["inputs"][0]]))
-        return per_layer, other
+                other.append((op["collective"], tags["purpose"], op["inputs"][0]))
+        return per_layer, other, split
 
     def check(self, kind, tp, sp, heads, kv_heads):
         plan = "tp=%d%s" % (tp, ",sp" if sp else "")
-        per_layer, other = self.counts(kind, plan, heads, kv_heads)
+        per_layer, other, split = self.counts(kind, plan, heads, kv_heads)
         want = (sorted([("fwd", "all_gather")] * 2 + [("fwd", "reduce_scatter")] * 2 +
                        [("bwd", "all_gather")] * 2 + [("bwd", "reduce_scatter")] * 2) if sp else
                 sorted([("fwd", "all_reduce")] * 2 + [("bwd", "all_reduce")] * 2))
@@ -278,10 +279,13 @@ class MegatronLayoutTest(unittest.TestCase):
             if layer < 0:
                 continue
             self.assertNotIn("all_to_all", [c for _, c in ops], "%s %s layer %d" % (kind, plan, layer))
-        for collective, purpose, shape in other:
-            # Only the gradients of 1-D parameters (norms, biases) computed on a token split.
-            self.assertTrue(sp and purpose == "grad_sync" and collective == "all_reduce" and len(shape) == 1,
-                            "%s %s: %s %s of a %s tensor" % (kind, plan, collective, purpose, shape))
+        self.assertTrue(split, "%s %s: no parameter is split over tp" % (kind, plan))
+        for collective, purpose, tensor in other:
+            # Only gradients of replicated parameters (norms, biases, position embeddings) computed
+            # on a token split.
+            self.assertTrue(sp and purpose == "grad_sync" and collective == "all_reduce" and
+                            not any(tensor.startswith(w + ".") for w in split),
+                            "%s %s: %s %s of '%s'" % (kind, plan, collective, purpose, tensor))
 
     def test_gpt2(self):
         for tp in (2, 4):
