@@ -252,10 +252,14 @@ class Engine:
             raise Error("engine: trace: only a CPU run can be traced (this engine runs on %s)" % self.device)
         values = dict(self.state)
         for name, v in (data or {}).items():
-            if name not in self.state:
+            # The input itself and its finer split "<name>.shard" (the partitioner's, e.g. token
+            # ids split by sequence under sp): both hold parts of the same global value.
+            targets = [n for n in (name, name + ".shard") if n in self.state]
+            if not targets:
                 raise Error("engine: data '%s' is not a graph input of rank %d (graph '%s')"
                             % (name, self.rank, self.graph_name))
-            values[name] = self.local_slice(name, v)
+            for n in targets:
+                values[n] = self.local_slice(n, v)
         keep = set(fetch) | set(self.carry) | set(self.losses)
         for name in fetch:
             if name not in self.tensors:

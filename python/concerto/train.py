@@ -47,7 +47,8 @@ def _agree(obj):
 
 
 class Trainer:
-    """Trains `module` under `plan` ("dp=N[,zero=1|2|3]") or `sharding` (a sharding file's dict:
+    """Trains `module` under `plan` ("dp=N[,zero=1|2|3]", or with tp and sp Megatron's layout:
+    Captured.partition) or `sharding` (a sharding file's dict:
     any mesh, the SPMD partitioner) with `scheduler`'s schedule (made on rank 0 for `cluster`'s
     machine model, or a cluster file, and `profile`'s measured durations when given; sent to the
     others).
@@ -202,7 +203,7 @@ def _parse_args(argv):
                     "--program with --schedule as `concerto run --engine torch` writes them) trains on its "
                     "initialised inputs (the same batch every step).")
     ap.add_argument("--model", help="hf-gpt2-tiny, hf-llama-tiny, or a preset / model file of the C++ frontends")
-    ap.add_argument("--plan", default=None, help="parallel plan: dp=N[,zero=K] for a torch module (default dp=WORLD); "
+    ap.add_argument("--plan", default=None, help="parallel plan: dp=N, tp=N, sp, zero=K for a torch module (default dp=WORLD); "
                                                   "any plan string or plan file for a preset")
     ap.add_argument("--scheduler", default="concerto", help="the schedule (default concerto)")
     ap.add_argument("--cluster", default="a800-4x8", help="machine model the schedule is made for")

@@ -321,8 +321,10 @@ class ErrorsTest(unittest.TestCase):
         cap = ct.capture(TinyGpt(), torch.randint(0, 50, (2, 8)))
         with self.assertRaisesRegex(concerto.Error, r"not divisible by dp=3"):
             cap.partition(plan="dp=3")
-        with self.assertRaisesRegex(concerto.Error, r"'tp=2' is not dp=N or zero"):
-            cap.partition(plan="dp=2,tp=2")
+        with self.assertRaisesRegex(concerto.Error, r"'pp' is not lowered through the partitioner yet"):
+            cap.partition(plan="dp=2,pp=2,microbatches=2")
+        with self.assertRaisesRegex(concerto.Error, r"unknown key 'tq'"):
+            cap.partition(plan="dp=2,tq=2")
         with self.assertRaisesRegex(concerto.Error, r"labels .*expected an integer tensor of shape \[2, 8\]"):
             ct.capture(TinyGpt(), torch.randint(0, 50, (2, 8)), torch.zeros(2, dtype=torch.int64))
         with self.assertRaisesRegex(concerto.Error, r"only cross entropy"):
