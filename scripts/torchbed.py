@@ -62,7 +62,9 @@ TP_LINEARS = {"q_proj": "col", "k_proj": "col", "v_proj": "col", "o_proj": "row"
 WORKLOADS = {
     "gpt2-dp2": dict(model="gpt2", ranks=2, plan="dp=2", torch=["ddp-25mb", "ddp-1mb", "ddp-5mb", "ddp-100mb"]),
     "gpt2-zero3": dict(model="gpt2", ranks=2, plan="dp=2,zero=3", torch=["fsdp", "fsdp-prefetch"]),
-    "llama-tp2": dict(model="llama", ranks=2, tp=2, torch=["tp"]),
+    # The engine rows: Megatron's layout found on the captured graph (Captured.partition, plan tp=2),
+    # the same split as torch's parallelize_module with TP_LINEARS.
+    "llama-tp2": dict(model="llama", ranks=2, plan="tp=2", torch=["tp"]),
 }
 ENGINE_SCHEDULERS = ["ddp", "zero", "megatron", "concerto"]
 
@@ -91,18 +93,6 @@ def build_model(kind, size):
     cfg._attn_implementation = "eager"
     lm = transformers.LlamaForCausalLM(cfg)
     return _Logits(lm).train(), list(lm.model.layers)
-
-
-def tp_sharding(module, tp):
-    """Megatron's split of a LLaMA block as a sharding file for the SPMD partitioner (the same
-    split `tp` gives torch's parallelize_module): q/k/v/gate/up by output rows, o/down by input
-    columns; everything else replicated."""
-    tensors = {}
-    for name, _ in module.named_parameters():
-        leaf = name.split(".")[-2] if name.endswith(".weight") else None
-        if leaf in TP_LINEARS:
-            tensors[name] = [["tp"], []] if TP_LINEARS[leaf] == "col" else [[], ["tp"]]
-    return {"mesh": {"tp": tp}, "default": "replicated", "tensors": tensors}
 
 
 def batches(size, seed):
@@ -183,9 +173,8 @@ class EngineVariant:
         w = WORKLOADS[workload]
         self.name = name
         scheduler = name[len("engine-"):]
-        kw = dict(plan=w["plan"]) if "plan" in w else dict(sharding=tp_sharding(module, w["tp"]))
         self.trainer = Trainer(module, (example[0],), example[1], scheduler=scheduler, cluster=cluster,
-                               profile=profile, lr=lr, **kw)
+                               profile=profile, lr=lr, plan=w["plan"])
         if self.trainer.engine.rank == 0 and out:
             self.trainer.program.write(os.path.join(out, name + ".program.json"))
             with open(os.path.join(out, name + ".schedule.json"), "w") as f:
@@ -205,12 +194,12 @@ def cmd_prepare(a):
     module, _ = build_model(w["model"], a.size)
     ids, labels = next(batches(a.size, a.seed))
     cap = ct.capture(module, (ids,), labels, lr=a.lr)
-    program = cap.partition(plan=w["plan"]) if "plan" in w else cap.partition(sharding=tp_sharding(module, w["tp"]))
+    program = cap.partition(plan=w["plan"])
     os.makedirs(a.out, exist_ok=True)
     program.write(os.path.join(a.out, "program.json"))
     with open(os.path.join(a.out, "workload.json"), "w") as f:
         json.dump({"workload": a.workload, "size": a.size, "ranks": program.num_ranks, "model": w["model"],
-                   "plan": w.get("plan", "tp=%d (sharding file)" % w.get("tp", 1))}, f)
+                   "plan": w["plan"]}, f)
     print("torchbed: %s (%s, size %s): %d ranks, %d ops per rank -> %s"
           % (a.workload, w["model"], a.size, program.num_ranks, program.num_ops // max(1, program.num_ranks),
              os.path.join(a.out, "program.json")), file=sys.stderr)
