@@ -86,6 +86,12 @@ struct TensorState {
   bool is_input = false;
   bool is_grad = false;  // an Adam op's gradient input
   bool follows = false;  // annotated only by following its Adam op's parameter
+  /// Gathered again for each phase that reads it (ShardingRule::regather):
+  /// a reshard made for a forward consumer is not reused by a backward one.
+  bool regather = false;
+  /// Per version: the phase of the consumer a reshard made it for (kNone:
+  /// the tensor's own versions, reused everywhere).
+  std::vector<Phase> made_for;
   int producer = -1;     // original op index
   /// Versions in the new graph: (spec, tensor name). `current` is the one
   /// consumers start from (the annotated one when there is an annotation).
@@ -227,6 +233,7 @@ class Partitioner {
                       ShapeText(tensor.shape) + ": " + problem);
         s.annotation = spec;
         s.annotated_by = "pattern '" + rule.pattern + "'";
+        s.regather = rule.regather;
         break;
       }
     }
@@ -545,8 +552,10 @@ class Partitioner {
 
   /// The name of `s` under `target`: an existing version, or a new reshard.
   Result<std::string> Get(TensorState& s, const Spec& target, const Anchor& consumer, const std::string& who) {
-    for (const auto& [spec, name] : s.versions)
-      if (spec == target) return name;
+    const Phase phase = consumer.tags.phase;
+    s.made_for.resize(s.versions.size(), Phase::kNone);
+    for (size_t v = 0; v < s.versions.size(); ++v)
+      if (s.versions[v].first == target && Reusable(s, v, phase)) return s.versions[v].second;
     if (s.is_input && IsPureRefinement(s.versions[s.current].first, target) &&
         !used_names_.count(s.global->name + ".shard")) {
       // A graph input is initialised from its global identity, so a finer
@@ -558,15 +567,23 @@ class Partitioner {
       return name;
     }
     Anchor anchor = consumer;
-    if (s.producer >= 0) {
+    const bool again = s.regather && s.producer >= 0 && graph_.ops[s.producer].tags.phase != phase;
+    if (s.producer >= 0 && !again) {
       anchor.op = s.producer;
       anchor.after = true;
       anchor.tags = graph_.ops[s.producer].tags;
-    }
+    }  // else right before the consumer: a graph input, or a re-gather in a later phase
     Result<std::string> name = Reshard(s, s.current, target, anchor, who);
     if (!name.ok()) return name.status();
     s.versions.push_back({target, *name});
+    s.made_for.resize(s.versions.size(), Phase::kNone);
+    s.made_for.back() = s.regather ? phase : Phase::kNone;
     return name;
+  }
+
+  /// Whether version `v` of `s` may serve a consumer in `phase`.
+  static bool Reusable(const TensorState& s, size_t v, Phase phase) {
+    return !s.regather || v >= s.made_for.size() || s.made_for[v] == Phase::kNone || s.made_for[v] == phase;
   }
 
   // ---- rules ---------------------------------------------------------------
@@ -715,7 +732,12 @@ class Partitioner {
         need.partial = CurrentSpec(op.inputs[i]).partial;
         if (sig.linear != Signature::Linear::kPairwise) passed = need.partial;
       }
-      if (!HasVersion(op.inputs[i], need)) a.cost += static_cast<double>(local_bytes_.at(Name(op.inputs[i])));
+      // A tensor marked regather is meant to be gathered where each phase reads it (ZeRO-3's
+      // parameters over dp): gathering its innermost axes costs the choice nothing, so the
+      // activations keep their split.
+      const TensorState& in = state_[tensor_index_.at(op.inputs[i])];
+      const bool intended = in.regather && InnermostGather(CurrentSpec(op.inputs[i]), need);
+      if (!intended && !HasVersion(op.inputs[i], need, op.tags.phase)) a.cost += static_cast<double>(local_bytes_.at(Name(op.inputs[i])));
       a.in.push_back(std::move(need));
     }
     for (size_t o = 0; o < op.outputs.size(); ++o) {
@@ -744,11 +766,26 @@ class Partitioner {
     return a;
   }
 
+  /// Whether `need` is `cur` with at most the innermost axis of each dim
+  /// dropped (and no partial sums): what re-gathering a regather tensor does.
+  static bool InnermostGather(const Spec& cur, const Spec& need) {
+    if (!cur.partial.empty() || !need.partial.empty()) return false;
+    for (size_t d = 0; d < cur.dims.size(); ++d) {
+      const auto& have = cur.dims[d].axes;
+      const auto& want = need.dims[d].axes;
+      if (cur.dims[d].segments != need.dims[d].segments) return false;
+      if (want != have && (have.empty() || want != std::vector<std::string>(have.begin(), have.end() - 1)))
+        return false;
+    }
+    return true;
+  }
+
   /// Whether `name` is already held as `spec` (its current version or one a
   /// reshard made before): using it costs no communication.
-  bool HasVersion(const std::string& name, const Spec& spec) const {
-    for (const auto& version : state_[tensor_index_.at(name)].versions)
-      if (version.first == spec) return true;
+  bool HasVersion(const std::string& name, const Spec& spec, Phase phase) const {
+    const TensorState& s = state_[tensor_index_.at(name)];
+    for (size_t v = 0; v < s.versions.size(); ++v)
+      if (s.versions[v].first == spec && Reusable(s, v, phase)) return true;
     return false;
   }
 
@@ -759,8 +796,9 @@ class Partitioner {
   }
 
   /// The cheapest assignment over every claim order of the inputs (by the
-  /// bytes of inputs that must be resharded and are not held so already;
-  /// ties: program order first).
+  /// bytes of inputs that must be resharded and are not held so already, a
+  /// regather tensor's innermost gather counting nothing; ties: program order
+  /// first).
   Assignment Choose(const Op& op, const Signature& sig) const {
     std::vector<size_t> order(op.inputs.size());
     std::iota(order.begin(), order.end(), 0);

@@ -23,7 +23,10 @@ class PlanAnnotator {
     CONCERTO_RETURN_IF_ERROR(SplitData());
     if (plan_.tp > 1) CONCERTO_RETURN_IF_ERROR(TensorParallel());
     if (plan_.sp) CONCERTO_RETURN_IF_ERROR(SequenceParallel());
-    if (plan_.zero > 0 && plan_.dp > 1) ShardOptimizerState();
+    if (plan_.zero > 0 && plan_.dp > 1) {
+      if (plan_.zero == 3) ShardParameters();
+      else ShardOptimizerState();
+    }
     ShardingPlan out;
     out.source = "plan '" + PlanToString(plan_) + "'";
     out.mesh.axes = PlanMeshAxes(plan_);
@@ -32,6 +35,7 @@ class PlanAnnotator {
       rule.pattern = graph_.tensors[t].name;
       rule.exact = true;
       rule.dims = dims;
+      rule.regather = regather_.count(t) > 0;
       out.rules.push_back(std::move(rule));
     }
     return out;
@@ -57,8 +61,8 @@ class PlanAnnotator {
     if (plan_.vstages > 1) return refuse("vstages");
     if (plan_.dap > 1) return refuse("dap");
     if (plan_.microbatches > 1) return refuse("microbatches");
-    if (plan_.zero == 3) return refuse("zero=3");
     if (plan_.recompute != Recompute::kNone) return refuse("recompute");
+    if (plan_.zero == 3 && plan_.tp > 1) return refuse("zero=3 with tp");
     if (plan_.zero > 0 && plan_.dp < 2) return Fail("zero=" + std::to_string(plan_.zero) + " needs dp > 1");
     return Status::Ok();
   }
@@ -263,6 +267,12 @@ class PlanAnnotator {
         token_split.push_back(TensorIndex(op.inputs[0]));
         token_split.push_back(TensorIndex(op.outputs[0]));
       }
+    // A norm's output is a column-parallel input: gathered again in the backward for the weight
+    // gradient, as Megatron does, instead of keeping the forward's gathered copy.
+    for (const Op& op : graph_.ops)
+      if (op.tags.phase == Phase::kForward && op.kind == OpKind::kCompute &&
+          (op.compute_type == ComputeType::kLayerNorm || op.compute_type == ComputeType::kRmsNorm))
+        regather_.insert(TensorIndex(op.outputs[0]));
     for (int t : token_split) {
       if (T(t).shape.size() < 2) return Fail("sp: tensor '" + T(t).name + "' has no token dim");
       CONCERTO_RETURN_IF_ERROR(Batch(t));
@@ -302,6 +312,23 @@ class PlanAnnotator {
     return Split(t, 0, "dp", plan_.dp);
   }
 
+  /// zero=3: each parameter split on dim 0 over dp where dp divides its local
+  /// rows, gathered before each phase that reads it (forward, then again in
+  /// the backward); its gradient, Adam state and update follow the shard.
+  void ShardParameters() {
+    for (const auto& [param, i] : adam_of_) {
+      (void)i;
+      Dims base = annotations_.count(param) ? annotations_.at(param) : Dims(T(param).shape.size());
+      if (base.empty() || !base[0].segments.empty()) continue;
+      int64_t blocks = plan_.dp;
+      for (const std::string& a : base[0].axes) blocks *= (a == "dp" ? plan_.dp : plan_.tp);
+      if (T(param).shape[0] % blocks != 0) continue;
+      base[0].axes.push_back("dp");
+      annotations_[param] = base;
+      regather_.insert(param);
+    }
+  }
+
   /// zero=1|2: each Adam op's gradient, moments and master copy split on dim 0
   /// over dp where dp divides its local rows (DeepSpeed pads the others; they
   /// are updated whole here, as concerto.torch's dp builder does).
@@ -335,6 +362,7 @@ class PlanAnnotator {
   int64_t batch_ = 0;
   std::map<int, Dims> annotations_;
   std::set<int> roles_;
+  std::set<int> regather_;  // tensors gathered again in the backward
   std::vector<int> column_outputs_, row_outputs_;
   std::vector<std::pair<int, int>> row_inputs_;  // (activation, weight) of each row-parallel matmul
 };

@@ -32,9 +32,9 @@ class ShardingParser {
     plan_.source = source_;
     for (const auto& [key, value] : root_.items()) {
       if (key != "mesh" && key != "default" && key != "tensors" && key != "global_batch" &&
-          key != "description")
+          key != "description" && key != "regather")
         return Fail("field '" + key +
-                    "': unknown field (known: mesh, default, tensors, global_batch, description)");
+                    "': unknown field (known: mesh, default, tensors, regather, global_batch, description)");
     }
     if (!root_.contains("mesh")) return Fail("field 'mesh': missing required field");
     CONCERTO_RETURN_IF_ERROR(ParseMesh(root_["mesh"]));
@@ -56,6 +56,18 @@ class ShardingParser {
         Result<ShardingRule> rule = ParseRule(pattern, spec);
         if (!rule.ok()) return rule.status();
         plan_.rules.push_back(std::move(rule).value());
+      }
+    }
+    if (root_.contains("regather")) {
+      const ojson& r = root_["regather"];
+      if (!r.is_array()) return Fail("field 'regather': expected a list of patterns of 'tensors'");
+      for (const ojson& p : r) {
+        if (!p.is_string()) return Fail("field 'regather': expected a pattern (string), got " + DescribeJson(p));
+        auto it = std::find_if(plan_.rules.begin(), plan_.rules.end(),
+                               [&](const ShardingRule& rule) { return rule.pattern == p.get<std::string>(); });
+        if (it == plan_.rules.end())
+          return Fail("field 'regather': pattern '" + p.get<std::string>() + "' is not a key of 'tensors'");
+        it->regather = true;
       }
     }
     return plan_;
@@ -218,6 +230,10 @@ std::string ShardingPlanJson(const ShardingPlan& plan) {
     tensors[rule.pattern] = std::move(dims);
   }
   ojson root = {{"mesh", mesh}, {"default", "replicated"}, {"tensors", tensors}};
+  ojson regather = ojson::array();
+  for (const ShardingRule& rule : plan.rules)
+    if (rule.regather) regather.push_back(rule.pattern);
+  if (!regather.empty()) root["regather"] = std::move(regather);
   if (plan.global_batch) root["global_batch"] = *plan.global_batch;
   return root.dump(2);
 }

@@ -241,7 +241,11 @@ class MegatronLayoutTest(unittest.TestCase):
 
       per layer      forward                     backward
       tp             2 all-reduce                2 all-reduce
-      tp,sp          2 all-gather, 2 reduce-sc.  2 all-gather, 2 reduce-scatter
+      tp,sp          2 all-gather, 2 reduce-sc.  4 all-gather, 2 reduce-scatter
+
+    (the sp backward: an all-gather for each forward reduce-scatter, a reduce-scatter for each
+    forward all-gather, and the column-parallel inputs gathered again for the weight gradients,
+    as Megatron does instead of keeping the forward's gathered copies)
 
     and nothing else over tp: no all-to-all in a layer, no gather of a weight, no reduction of a
     split weight's gradient (under sp only the gradients of replicated parameters -- norms, biases,
@@ -271,7 +275,7 @@ class MegatronLayoutTest(unittest.TestCase):
         plan = "tp=%d%s" % (tp, ",sp" if sp else "")
         per_layer, other, split = self.counts(kind, plan, heads, kv_heads)
         want = (sorted([("fwd", "all_gather")] * 2 + [("fwd", "reduce_scatter")] * 2 +
-                       [("bwd", "all_gather")] * 2 + [("bwd", "reduce_scatter")] * 2) if sp else
+                       [("bwd", "all_gather")] * 4 + [("bwd", "reduce_scatter")] * 2) if sp else
                 sorted([("fwd", "all_reduce")] * 2 + [("bwd", "all_reduce")] * 2))
         for layer in (0, 1):
             self.assertEqual(sorted(per_layer.get(layer, [])), want, "%s %s layer %d" % (kind, plan, layer))

@@ -22,7 +22,9 @@ namespace concerto {
 ///  - dp: each of `data_inputs` split on dim 0; gradients then carry a
 ///    partial sum over dp (the partitioner all-reduces them); zero=1|2: each
 ///    Adam op's moments (and master copy) and gradient split on dim 0 over dp
-///    (reduce-scatter, shard update, all-gather of the parameter).
+///    (reduce-scatter, shard update, all-gather of the parameter); zero=3: each
+///    parameter split so, gathered before the forward and again before the
+///    backward (ShardingRule::regather), its gradient reduce-scattered.
 ///  - tp: walking the forward in program order, a matmul of a 2-D parameter
 ///    whose activation is not yet split is column-parallel (the weight split
 ///    on its output features; segmented when its output is sliced into equal
@@ -33,9 +35,10 @@ namespace concerto {
 ///    split by vocabulary.
 ///  - sp: the input and output of every norm and the output of every
 ///    row-parallel matmul split on the token dim (rank - 2); the output of
-///    every column-parallel matmul whole on it (so its input is gathered).
+///    every column-parallel matmul whole on it (so its input is gathered, and
+///    gathered again in the backward for the weight gradient, as Megatron does).
 /// Errors name the plan key or the tensor: a key this route does not lower
-/// yet (pp, ep, cp, vstages, dap, microbatches > 1, zero=3, recompute), a data
+/// yet (pp, ep, cp, vstages, dap, microbatches > 1, recompute, zero=3 with tp), a data
 /// input that is missing or not a graph input, a dimension a degree does not
 /// divide, a program with no Adam ops.
 Result<ShardingPlan> ShardingFromPlan(const Program& unsharded, const ParallelPlan& plan,

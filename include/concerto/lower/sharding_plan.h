@@ -29,6 +29,11 @@ struct ShardingRule {
   bool replicated = false;
   std::vector<DimSharding> dims;
   bool exact = false;  // pattern is a tensor name, matched as it is (no glob)
+  /// Gathered again where each phase reads it (ZeRO-3's parameters; the
+  /// input of a sequence-parallel column linear, which Megatron gathers again
+  /// for the weight gradient): a reshard made for the forward is not kept
+  /// for the backward. Sharding files: "regather": [pattern, ...].
+  bool regather = false;
 };
 
 /// A parsed sharding file.
