@@ -136,8 +136,10 @@ TEST(ShardingPlanFile, RejectsBadFilesNamingWhatIsWrong) {
   EXPECT_EQ(ShardingParseError("{\n  \"mesh\": {\"dp\": 2}\n  \"tensors\": {}\n}").substr(0, 33),
             "plan.json:3:11: malformed JSON: s");
   EXPECT_EQ(ShardingParseError(R"({"mesh": {"dp": 2}, "tensor": {}})"),
-            "plan.json: field 'tensor': unknown field (known: mesh, default, tensors, global_batch, "
+            "plan.json: field 'tensor': unknown field (known: mesh, default, tensors, regather, global_batch, "
             "description)");
+  EXPECT_EQ(ShardingParseError(R"({"mesh": {"dp": 2}, "tensors": {"w*": [["dp"]]}, "regather": ["x*"]})"),
+            "plan.json: field 'regather': pattern 'x*' is not a key of 'tensors'");
   EXPECT_EQ(ShardingParseError(R"({"mesh": {"dp": 0}})"),
             "plan.json: mesh: axis 'dp': size must be an integer >= 1, got 0");
   EXPECT_EQ(ShardingParseError(R"({"tensors": {}})"), "plan.json: field 'mesh': missing required field");
