@@ -37,7 +37,9 @@ and tensor parallelism"). scripts/torchbed.sh runs it inside a shaped network na
 
 Variants: torch's own: ddp-<N>mb (DistributedDataParallel, bucket_cap_mb N), fsdp (fully_shard per
 block and the root, defaults), fsdp-prefetch (explicit forward and backward prefetch of the next two
-blocks), tp (ColwiseParallel on q/k/v/gate/up, RowwiseParallel on o/down); the torch engine:
+blocks), tp (ColwiseParallel on q/k/v/gate/up, RowwiseParallel on o/down), tp-sp (the same with
+SequenceParallel norms: the residual stream split by tokens, gathered before attention and the MLP,
+the row-parallel outputs reduce-scattered, the head's input gathered); the torch engine:
 engine-<scheduler> (concerto.train.Trainer under the workload's plan, the schedule made for
 --cluster and --profile). Every variant trains with Adam (lr 1e-3) and mean cross entropy; each
 rank computes with torch.get_num_threads() = cores / ranks threads.
@@ -65,6 +67,8 @@ WORKLOADS = {
     # The engine rows: Megatron's layout found on the captured graph (Captured.partition, plan tp=2),
     # the same split as torch's parallelize_module with TP_LINEARS.
     "llama-tp2": dict(model="llama", ranks=2, plan="tp=2", torch=["tp"]),
+    # Sequence parallelism: torch's SequenceParallel norms around the same split (tp-sp).
+    "llama-tp2-sp": dict(model="llama", ranks=2, plan="tp=2,sp", torch=["tp-sp"]),
 }
 ENGINE_SCHEDULERS = ["ddp", "zero", "megatron", "concerto"]
 
@@ -132,17 +136,35 @@ class TorchVariant:
                     b.set_modules_to_forward_prefetch(blocks[i + 1:i + 3])
                     b.set_modules_to_backward_prefetch(list(reversed(blocks[max(0, i - 2):i])))
             self.model = module
-        elif name == "tp":
+        elif name in ("tp", "tp-sp"):
             from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+            from torch.distributed.tensor import Replicate, Shard
+            from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                           SequenceParallel, parallelize_module)
             mesh = init_device_mesh("cpu", (self.world,))
-            for b in blocks:
+            sp = name == "tp-sp"
+            for i, b in enumerate(blocks):
                 plan = {}
                 for path, _ in b.named_modules():
                     leaf = path.split(".")[-1]
                     if leaf in TP_LINEARS:
-                        plan[path] = ColwiseParallel() if TP_LINEARS[leaf] == "col" else RowwiseParallel()
+                        plan[path] = (ColwiseParallel() if TP_LINEARS[leaf] == "col" else
+                                      RowwiseParallel(output_layouts=Shard(1)) if sp else RowwiseParallel())
+                    elif sp and leaf in ("input_layernorm", "post_attention_layernorm"):
+                        plan[path] = SequenceParallel()  # the residual stream split by tokens
+                if sp:  # gathered before attention and the MLP (the row-parallel outputs reduce-scattered)
+                    plan["self_attn"] = PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                                           desired_input_kwarg_layouts={"hidden_states": Replicate()})
+                    plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+                    if i == 0:  # the embedding's output (whole on every rank): this rank's tokens
+                        plan[""] = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                                      use_local_output=True)
                 parallelize_module(b, mesh, plan)
+            if sp:  # the final norm on the token split, the head's input gathered
+                lm = module.lm
+                parallelize_module(lm.model, mesh, {"norm": SequenceParallel()})
+                parallelize_module(lm, mesh, {"lm_head": ColwiseParallel(input_layouts=Shard(1),
+                                                                          output_layouts=Replicate())})
             self.model = module
             self.split_batch = False
         else:

@@ -26,7 +26,7 @@
 # rounds, the final losses, the predictions with their errors, the ranking check; OUT_ROOT/torchbed.json.
 #
 # usage: scripts/torchbed.sh [BUILD_DIR]   (env: RATES="1gbit 10gbit" BURST=256kb LATENCY=50ms
-#        WORKLOADS="gpt2-dp2 gpt2-zero3 llama-tp2" SIZE=bench ROUNDS=5 WARMUP=1 STEPS=3
+#        WORKLOADS="gpt2-dp2 gpt2-zero3 llama-tp2 llama-tp2-sp" SIZE=bench ROUNDS=5 WARMUP=1 STEPS=3
 #        MAX_BYTES=67108864 PROFILE_REPS=3 KERNEL_PASSES=3 MAX_LOSS_DIFF=1e-4 OUT=BUILD_DIR/torchbed PY=(scripts/setup_torch.sh's python)
 #        NETNS=1 (0: no namespace and no shaping, the plain loopback: what CI's smoke runs, no root)
 #        ONLY_PREDICT=0 (1: keep an earlier run's measurements in OUT, redo only step 5))
@@ -36,7 +36,7 @@ BUILD=${1:-build}
 RATES=${RATES:-"1gbit 10gbit"}
 BURST=${BURST:-256kb}
 LATENCY=${LATENCY:-50ms}
-WORKLOADS=${WORKLOADS:-"gpt2-dp2 gpt2-zero3 llama-tp2"}
+WORKLOADS=${WORKLOADS:-"gpt2-dp2 gpt2-zero3 llama-tp2 llama-tp2-sp"}
 SIZE=${SIZE:-bench}
 ROUNDS=${ROUNDS:-5}
 WARMUP=${WARMUP:-1}
