@@ -1234,8 +1234,8 @@ class Captured:
         sp the residual stream split by tokens), the data inputs split by dp, and the
         partitioner inserts only the collectives that remain: per transformer layer Megatron's
         2 all-reduces forward and 2 backward, or with sp 2 all-gathers and 2 reduce-scatters
-        each way (docs/frontends.md, 'Plans through the partitioner'). zero=3 does not combine
-        with tp yet.
+        each way (docs/frontends.md, 'Plans through the partitioner'); zero=1|2|3 beside tp
+        shard the optimizer state (and with 3 the parameters) over dp.
 
         `sharding` (a sharding file's dict or JSON text, docs/frontends.md 'Per-op sharding
         plans') runs the SPMD partitioner on the unsharded step instead: any mesh and tensor

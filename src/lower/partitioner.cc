@@ -652,11 +652,17 @@ class Partitioner {
   Assignment Assign(const Op& op, const Signature& sig, const std::vector<size_t>& order) const {
     std::vector<std::optional<DimSharding>> label(sig.labels);
     std::map<int, std::set<std::string>> used_by_group;
-    auto claim = [&](int l, const DimSharding& dim) {
+    // A label takes an operand's axes, or the longest prefix of them no other label of its
+    // group holds (a table split over tp then dp under ZeRO-3 keeps tp where the batch holds dp).
+    auto claim = [&](int l, DimSharding dim) {
       if (l < 0 || label[l]) return;
       std::set<std::string>& used = used_by_group[sig.group[l]];
-      for (const std::string& a : dim.axes)
-        if (used.count(a)) return;
+      for (size_t k = 0; k < dim.axes.size(); ++k)
+        if (used.count(dim.axes[k])) {
+          if (k == 0 || !dim.segments.empty()) return;
+          dim.axes.resize(k);
+          break;
+        }
       if (!Fits(op, sig, l, dim)) return;
       label[l] = dim;
       used.insert(dim.axes.begin(), dim.axes.end());

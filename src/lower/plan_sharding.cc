@@ -62,7 +62,6 @@ class PlanAnnotator {
     if (plan_.dap > 1) return refuse("dap");
     if (plan_.microbatches > 1) return refuse("microbatches");
     if (plan_.recompute != Recompute::kNone) return refuse("recompute");
-    if (plan_.zero == 3 && plan_.tp > 1) return refuse("zero=3 with tp");
     if (plan_.zero > 0 && plan_.dp < 2) return Fail("zero=" + std::to_string(plan_.zero) + " needs dp > 1");
     return Status::Ok();
   }

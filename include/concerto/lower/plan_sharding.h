@@ -38,7 +38,7 @@ namespace concerto {
 ///    every column-parallel matmul whole on it (so its input is gathered, and
 ///    gathered again in the backward for the weight gradient, as Megatron does).
 /// Errors name the plan key or the tensor: a key this route does not lower
-/// yet (pp, ep, cp, vstages, dap, microbatches > 1, recompute, zero=3 with tp), a data
+/// yet (pp, ep, cp, vstages, dap, microbatches > 1, recompute), a data
 /// input that is missing or not a graph input, a dimension a degree does not
 /// divide, a program with no Adam ops.
 Result<ShardingPlan> ShardingFromPlan(const Program& unsharded, const ParallelPlan& plan,
