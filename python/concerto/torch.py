@@ -1227,7 +1227,7 @@ class Captured:
         updated whole. Batch norm keeps per-rank statistics, as torch's BatchNorm under DDP, or,
         captured with `sync_bn`, all-reduces its statistics' sums (SyncBatchNorm).
 
-        With tp=N (and sp, dp, zero=1|2 beside it) the plan goes through the SPMD partitioner:
+        With tp=N (and sp, dp, zero beside it) the plan goes through the SPMD partitioner:
         Megatron-LM's layout is found on the captured graph (concerto's ShardingFromPlan:
         linears reading a whole activation split by output features, those reading a split one
         by input features, a fused q/k/v split per part, a word embedding by vocabulary; under
