@@ -7,7 +7,7 @@ parameter's gradient and every Adam-updated parameter equal torch's own float64 
 and torch.optim.Adam's first step), unsharded and under the data-parallel plans dp=2 and
 dp=2,zero=3 (every rank on its half of the batch, gradients synchronised: the whole batch's
 step), and under Megatron's tensor and sequence parallelism found on the graph (tp=2, tp=2,sp,
-dp=2,tp=2,zero=1). MegatronLayoutTest counts the collectives those plans leave per transformer
+dp=2,tp=2,zero=1, dp=2,tp=2,zero=3). MegatronLayoutTest counts the collectives those plans leave per transformer
 layer. Also: the exact compositions become their IR ops (rms_norm, swiglu, gelu with exact 0),
 an activation with no exact IR form still fails with the one-line error naming the node, its
 ATen target and its source line, and (on small hand-written modules, without transformers)
@@ -98,7 +98,7 @@ class HuggingFaceCaptureTest(unittest.TestCase):
         cap = ct.capture(module, (ids,), labels, lr=LR)
         want_loss, want_grads, want_updated = torch_step(module, ids, labels)
         names = sorted(n for n, _ in module.named_parameters())
-        for plan in (None, "dp=2", "dp=2,zero=3", "tp=2", "tp=2,sp", "dp=2,tp=2,zero=1"):
+        for plan in (None, "dp=2", "dp=2,zero=3", "tp=2", "tp=2,sp", "dp=2,tp=2,zero=1", "dp=2,tp=2,zero=3"):
             program = cap.partition(plan=plan) if plan else None
             got = cap.run(module, (ids,), labels, program=program)
             self.assertLessEqual(abs(got["loss"] - want_loss), self.TOL * abs(want_loss), "loss (%s)" % plan)
