@@ -21,7 +21,7 @@ from test_device_check import BUILD, PY, ROOT, SKIP  # noqa: E402  (the same int
 
 SCRIPT = os.path.join(ROOT, "scripts", "torchbed.sh")
 TORCHBED = os.path.join(ROOT, "scripts", "torchbed.py")
-WORKLOADS = ["gpt2-dp2", "gpt2-zero3", "llama-tp2", "llama-tp2-sp"]
+WORKLOADS = ["gpt2-dp2", "gpt2-zero3", "llama-tp2"]
 
 
 @unittest.skipIf(SKIP is not None, SKIP or "")
