@@ -87,8 +87,7 @@ class PlanAnnotator {
   Status Split(int t, size_t d, const std::string& axis, int n, const std::vector<int64_t>& segments = {}) {
     Dims& dims = Annotation(t);
     DimSharding& dim = dims[d];
-    int64_t blocks = n;
-    for (const std::string& a : dim.axes) blocks *= (a == "dp" ? plan_.dp : plan_.tp);
+    const int64_t blocks = n * Blocks(dim);
     const std::vector<int64_t> sizes = segments.empty() ? (dim.segments.empty() ? std::vector<int64_t>{T(t).shape[d]}
                                                                                   : dim.segments)
                                                          : segments;
@@ -99,6 +98,23 @@ class PlanAnnotator {
     dim.axes.push_back(axis);
     if (!segments.empty()) dim.segments = segments;
     return Status::Ok();
+  }
+
+  /// How many blocks `dim`'s axes cut it into.
+  int64_t Blocks(const DimSharding& dim) const {
+    int64_t blocks = 1;
+    for (const std::string& a : dim.axes) blocks *= (a == "dp" ? plan_.dp : plan_.tp);
+    return blocks;
+  }
+
+  /// `param`'s annotation with dp appended to dim 0, when dp divides its local
+  /// rows (and dim 0 is not segmented); else nullopt.
+  std::optional<Dims> DpShard(int param) const {
+    Dims base = annotations_.count(param) ? annotations_.at(param) : Dims(T(param).shape.size());
+    if (base.empty() || !base[0].segments.empty() || T(param).shape[0] % (plan_.dp * Blocks(base[0])) != 0)
+      return std::nullopt;
+    base[0].axes.push_back("dp");
+    return base;
   }
 
   Dims& Annotation(int t) {
@@ -315,17 +331,11 @@ class PlanAnnotator {
   /// rows, gathered before each phase that reads it (forward, then again in
   /// the backward); its gradient, Adam state and update follow the shard.
   void ShardParameters() {
-    for (const auto& [param, i] : adam_of_) {
-      (void)i;
-      Dims base = annotations_.count(param) ? annotations_.at(param) : Dims(T(param).shape.size());
-      if (base.empty() || !base[0].segments.empty()) continue;
-      int64_t blocks = plan_.dp;
-      for (const std::string& a : base[0].axes) blocks *= (a == "dp" ? plan_.dp : plan_.tp);
-      if (T(param).shape[0] % blocks != 0) continue;
-      base[0].axes.push_back("dp");
-      annotations_[param] = base;
-      regather_.insert(param);
-    }
+    for (const auto& [param, op] : adam_of_)
+      if (std::optional<Dims> shard = DpShard(param)) {
+        annotations_[param] = *shard;
+        regather_.insert(param);
+      }
   }
 
   /// zero=1|2: each Adam op's gradient, moments and master copy split on dim 0
@@ -334,18 +344,13 @@ class PlanAnnotator {
   void ShardOptimizerState() {
     for (const auto& [param, i] : adam_of_) {
       const Op& op = graph_.ops[i];
-      Dims base = annotations_.count(param) ? annotations_.at(param) : Dims(T(param).shape.size());
-      if (base.empty()) continue;
-      int64_t blocks = plan_.dp;
-      for (const std::string& a : base[0].axes) blocks *= (a == "dp" ? plan_.dp : plan_.tp);
-      if (T(param).shape[0] % blocks != 0 || !base[0].segments.empty()) continue;
-      Dims shard = base;
-      shard[0].axes.push_back("dp");
+      const std::optional<Dims> shard = DpShard(param);
+      if (!shard) continue;
       std::vector<std::string> operands(op.inputs.begin() + 1, op.inputs.end());
       operands.insert(operands.end(), op.outputs.begin() + 1, op.outputs.end());
       for (const std::string& name : operands) {
         const int t = TensorIndex(name);
-        if (T(t).shape == T(param).shape) annotations_[t] = shard;
+        if (T(t).shape == T(param).shape) annotations_[t] = *shard;
       }
       // The updated parameter follows the parameter (the partitioner gathers it after the update).
     }
